@@ -1,0 +1,128 @@
+"""Padded tensor batches: the contract between the data layer and every model.
+
+Conventions shared by all batches:
+- token id 0 is padding (``special.PAD_ID``); every ``*_mask`` is bool, True = real token;
+- a history is the flat concatenation of its most recent utterances, each encoded as
+  ``<bos> w1 .. wn <eos>``; ``utt_index`` numbers utterances from 0 (oldest kept),
+  ``utt_pos`` is the position inside the utterance (0 = its first kept token), and both
+  are 0 at padding; ``speaker`` follows ``special.SPEAKER_*``;
+- responses and candidates are ``<bos> w1 .. wn <eos>``; LM sentences are ``w1 .. wn <eos>``
+  (models prepend ``<bos>`` themselves, so flat and hierarchical LMs score the same tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+class _TensorBatch:
+    """Moves every tensor field of a dataclass batch in one call."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = False):  # noqa: ANN201
+        moved = {
+            f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v)
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            for v in [getattr(self, f.name)]
+        }
+        return dataclasses.replace(self, **moved)  # type: ignore[type-var]
+
+    def pin_memory(self):  # noqa: ANN201
+        pinned = {
+            f.name: (v.pin_memory() if isinstance(v, Tensor) else v)
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]
+            for v in [getattr(self, f.name)]
+        }
+        return dataclasses.replace(self, **pinned)  # type: ignore[type-var]
+
+    @property
+    def batch_size(self) -> int:
+        first = dataclasses.fields(self)[0]  # type: ignore[arg-type]
+        return int(getattr(self, first.name).shape[0])
+
+
+@dataclass(frozen=True)
+class History(_TensorBatch):
+    """A batch of flattened dialogue histories, all ``[B, L]``."""
+
+    input_ids: Tensor
+    input_mask: Tensor
+    utt_index: Tensor
+    utt_pos: Tensor
+    speaker: Tensor
+
+
+@dataclass(frozen=True)
+class GenerateBatch(_TensorBatch):
+    """History -> response examples.
+
+    ``target_ids``/``target_mask`` are ``[B, T]``. MultiWOZ adds ``acts`` (``[B, A]``
+    multi-hot dialogue acts of the response), ``belief_ids``/``act_ids`` (``[B, Tb]``,
+    ``[B, Ta]``: the belief state and the acts serialised as ``<bos> .. <eos>`` token
+    sequences, for HIER-Joint); other corpora leave them ``None``.
+    """
+
+    history: History
+    target_ids: Tensor
+    target_mask: Tensor
+    turn: Tensor
+    dialogue_id: tuple[str, ...]
+    acts: Tensor | None = None
+    belief_ids: Tensor | None = None
+    act_ids: Tensor | None = None
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> GenerateBatch:
+        moved = super().to(device, non_blocking)
+        return dataclasses.replace(moved, history=self.history.to(device, non_blocking))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.target_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class SelectBatch(_TensorBatch):
+    """Context + candidates -> scores.
+
+    ``candidate_ids``/``candidate_mask`` are ``[B, N, Lc]``; ``labels`` ``[B, N]`` float,
+    1.0 for every correct candidate (DSTC7 subtask 3 has several, subtask 4 may have none).
+    ``context_knowledge`` ``[B, L, K]`` and ``candidate_knowledge`` ``[B, N, Lc, K]`` are
+    optional per-token features (DSTC7 Advising: token is a prior / suggested course).
+    """
+
+    history: History
+    candidate_ids: Tensor
+    candidate_mask: Tensor
+    labels: Tensor
+    dialogue_id: tuple[str, ...]
+    context_knowledge: Tensor | None = None
+    candidate_knowledge: Tensor | None = None
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> SelectBatch:
+        moved = super().to(device, non_blocking)
+        return dataclasses.replace(moved, history=self.history.to(device, non_blocking))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.labels.shape[0])
+
+
+@dataclass(frozen=True)
+class LMBatch(_TensorBatch):
+    """Documents as sentences: ``sentences``/``sentence_mask`` are ``[B, S, Ls]``.
+
+    ``flat_ids``/``flat_mask`` ``[B, Lf]`` hold exactly the same real tokens concatenated
+    in order, for flat (GPT) models.
+    """
+
+    sentences: Tensor
+    sentence_mask: Tensor
+    flat_ids: Tensor
+    flat_mask: Tensor
+    dialogue_id: tuple[str, ...]
+
+
+Batch = GenerateBatch | SelectBatch | LMBatch

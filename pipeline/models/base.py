@@ -1,0 +1,172 @@
+"""What every model offers the training loop, the decoder and the evaluator.
+
+Three task kinds (DESIGN.md): ``generate`` models are encoder-decoders driven by one
+``generate()``; ``select`` models score candidates; ``lm`` models score documents.
+Every model returns a ``LossOutput`` from ``loss(batch)`` so one training loop fits all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor, nn
+
+from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
+
+
+class TaskKind(enum.StrEnum):
+    GENERATE = "generate"
+    SELECT = "select"
+    LM = "lm"
+
+
+class ModelConfig(BaseModel):
+    """Base of every model's hyper-parameters: frozen, unknown fields rejected.
+
+    Subclasses set their paper's sizes as defaults and validate cross-field constraints
+    in ``model_validator``s that raise ``ValueError`` naming the field.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    vocab_size: int
+
+
+@dataclass
+class LossOutput:
+    """What one forward pass on a batch yields.
+
+    ``loss`` is what is back-propagated (mean over counted targets, plus any extra terms
+    such as a KL divergence). ``nll_sum``/``n_tokens`` are the summed token negative
+    log-likelihood and the number of tokens it counts (for perplexity; for ``select``
+    models the summed per-example loss and the number of examples). ``terms`` holds named
+    scalar components for logging (``{"kl": ...}``).
+    """
+
+    loss: Tensor
+    nll_sum: Tensor
+    n_tokens: Tensor
+    terms: dict[str, Tensor] = field(default_factory=dict)
+
+
+def select_batch_dim(value: object, index: Tensor) -> object:
+    """``index_select`` along dim 0 for a tensor, or recursively for lists/tuples/dataclasses
+    of tensors; anything else is returned unchanged. Used to expand and reorder beams."""
+    if isinstance(value, Tensor):
+        return value.index_select(0, index)
+    if isinstance(value, list | tuple):
+        return type(value)(select_batch_dim(v, index) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(
+            value,  # type: ignore[arg-type]
+            **{
+                f.name: select_batch_dim(getattr(value, f.name), index)
+                for f in dataclasses.fields(value)
+                if f.init
+            },
+        )
+    return value
+
+
+@runtime_checkable
+class DecoderState(Protocol):
+    """Anything a decoder carries between steps (KV caches, RNN hidden states)."""
+
+    def select(self, index: Tensor) -> DecoderState:
+        """Keep/reorder batch rows (beam search); returns the selected state."""
+        ...
+
+
+class Seq2SeqModel(nn.Module):
+    """An encoder-decoder response generator.
+
+    Subclasses implement ``encode``, ``decode`` and may override ``init_state`` (to enable
+    incremental decoding) and ``loss`` (to add terms). ``memory`` is any tensor/dataclass
+    tree whose tensors are batch-first (reordered with ``select_batch_dim``).
+    """
+
+    task = TaskKind.GENERATE
+    config: ModelConfig
+
+    def encode(self, batch: GenerateBatch) -> object:
+        raise NotImplementedError
+
+    def decode(
+        self, tokens: Tensor, memory: object, state: DecoderState | None = None
+    ) -> tuple[Tensor, DecoderState | None]:
+        """Logits ``[B, t, V]`` for ``tokens`` ``[B, t]``.
+
+        With ``state=None`` ``tokens`` is the whole prefix (teacher forcing). With a state
+        from ``init_state``, ``tokens`` holds only the new positions and the returned state
+        includes them.
+        """
+        raise NotImplementedError
+
+    def init_state(self, memory: object, batch_size: int) -> DecoderState | None:
+        """A fresh incremental-decoding state, or ``None`` if the model re-decodes the
+        whole prefix each step."""
+        return None
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        memory = self.encode(batch)
+        logits, _ = self.decode(batch.target_ids[:, :-1], memory)
+        return token_loss(logits, batch.target_ids[:, 1:], batch.target_mask[:, 1:])
+
+
+class SelectModel(nn.Module):
+    """Scores candidates for a context: ``score(batch) -> [B, N]`` logits."""
+
+    task = TaskKind.SELECT
+    config: ModelConfig
+
+    def score(self, batch: SelectBatch) -> Tensor:
+        raise NotImplementedError
+
+    def loss(self, batch: SelectBatch) -> LossOutput:
+        logits = self.score(batch)
+        per_example = nn.functional.binary_cross_entropy_with_logits(
+            logits, batch.labels, reduction="none"
+        ).mean(-1)
+        return LossOutput(
+            loss=per_example.mean(),
+            nll_sum=per_example.sum().detach(),
+            n_tokens=torch.tensor(per_example.numel(), device=logits.device),
+        )
+
+
+class LanguageModel(nn.Module):
+    """Scores documents; ``token_nll(batch)`` gives ``[B, S, Ls]`` NLL of each sentence token
+    (0 at padding) so flat and hierarchical models are compared on the same tokens."""
+
+    task = TaskKind.LM
+    config: ModelConfig
+
+    def token_nll(self, batch: LMBatch) -> Tensor:
+        raise NotImplementedError
+
+    def loss(self, batch: LMBatch) -> LossOutput:
+        nll = self.token_nll(batch)
+        n = batch.sentence_mask.sum()
+        total = (nll * batch.sentence_mask).sum()
+        return LossOutput(loss=total / n.clamp(min=1), nll_sum=total.detach(), n_tokens=n)
+
+
+def token_loss(logits: Tensor, targets: Tensor, mask: Tensor) -> LossOutput:
+    """Mean cross-entropy over ``mask``ed target tokens."""
+    nll = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none"
+    ).view_as(targets)
+    nll = nll * mask
+    n = mask.sum()
+    total = nll.sum()
+    return LossOutput(loss=total / n.clamp(min=1), nll_sum=total.detach(), n_tokens=n)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of distinct trainable parameters (shared tensors counted once)."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
