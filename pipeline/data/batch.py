@@ -22,7 +22,7 @@ from torch import Tensor
 class _TensorBatch:
     """Moves every tensor field of a dataclass batch in one call."""
 
-    def to(self, device: torch.device | str, non_blocking: bool = False):  # noqa: ANN201
+    def to(self, device: torch.device | str, non_blocking: bool = False):
         moved = {
             f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v)
             for f in dataclasses.fields(self)  # type: ignore[arg-type]
@@ -30,7 +30,7 @@ class _TensorBatch:
         }
         return dataclasses.replace(self, **moved)  # type: ignore[type-var]
 
-    def pin_memory(self):  # noqa: ANN201
+    def pin_memory(self):
         pinned = {
             f.name: (v.pin_memory() if isinstance(v, Tensor) else v)
             for f in dataclasses.fields(self)  # type: ignore[arg-type]

@@ -100,7 +100,12 @@ class MultiHeadAttention(nn.Module):
             d_head = d_query // n_heads
         if congruent and d_kv != d_query:
             raise ValueError("congruent attention needs queries and keys of the same width")
-        self.n_heads, self.d_head, self.dropout, self.congruent = n_heads, d_head, dropout, congruent
+        self.n_heads, self.d_head, self.dropout, self.congruent = (
+            n_heads,
+            d_head,
+            dropout,
+            congruent,
+        )
         inner = n_heads * d_head
         self.q_proj = xavier_(nn.Linear(d_query, inner, bias=bias))
         self.k_proj = self.q_proj if congruent else xavier_(nn.Linear(d_kv, inner, bias=bias))
@@ -158,9 +163,7 @@ def attend(
     if causal:
         mask = mask & causal_mask(lq, lk, q.device)
     has_key = mask.any(-1, keepdim=True)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout
-    )
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout)
     return out * has_key
 
 
@@ -371,7 +374,10 @@ class Decoder(nn.Module):
         """Logits ``[B, t, V]``. ``input_offset`` ``[B, t, d]`` is added to the input
         embeddings (HIER++'s dialogue-act embedding)."""
         start = cache.position if cache is not None else 0
-        x = self.embed(tokens) + self.positions.range(start + tokens.shape[1], tokens.device)[start:]
+        x = (
+            self.embed(tokens)
+            + self.positions.range(start + tokens.shape[1], tokens.device)[start:]
+        )
         if input_offset is not None:
             x = x + input_offset
         x = self.dropout(x)
