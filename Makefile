@@ -1,0 +1,28 @@
+# Set-up is part of every target: a fresh clone needs only Python 3.11 and these targets.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+export DVC_NO_ANALYTICS := 1
+export MLFLOW_DISABLE_TELEMETRY := true
+
+.PHONY: setup repro test lint bench clean-runs
+
+# torch first: its CPU wheel is pinned; a looser resolve would pull several GB of CUDA wheels.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "hiertx needs Python >= 3.11"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+repro: setup  ## the main job: dvc repro on the embedded chitchat corpus
+	$(BIN)/dvc repro
+
+test: setup  ## the whole test suite (slow tests included)
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A multi-node Ray cluster on one machine, for trying multi-node training without a cloud.
+#
+#   infra/local_cluster.sh [--workers N] [--cpus C] [--port P] -- COMMAND [ARGS...]
+#
+# Starts a head and N worker nodes (C logical CPUs each), runs COMMAND with RAY_ADDRESS set,
+# then stops exactly the processes it started, by PID: never `ray stop`, which would kill
+# every Ray process on the machine. All nodes live in a private network namespace whose
+# only interface is loopback, so nothing listens beyond 127.0.0.1 and several nodes can
+# share the one address. Token authentication is on, with a token private to this cluster.
+set -euo pipefail
+
+workers=1 cpus=2 port=6380
+object_store=$((200 * 1024 * 1024)) memory=$((2 * 1024 * 1024 * 1024))
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --workers) workers=$2; shift 2 ;;
+    --cpus) cpus=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "local_cluster.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+[[ $# -gt 0 ]] || { echo "local_cluster.sh: give a command after --" >&2; exit 2; }
+
+if [[ -z "${HIERTX_CLUSTER_NETNS:-}" ]]; then
+  # Re-enter in a fresh network namespace (root: plain; otherwise a user namespace).
+  flags=(-n); [[ $(id -u) -eq 0 ]] || flags=(-r -n)
+  HIERTX_CLUSTER_NETNS=1 exec unshare "${flags[@]}" "$0" --workers "$workers" --cpus "$cpus" \
+    --port "$port" -- "$@"
+fi
+ip link set lo up
+
+workdir=$(mktemp -d "${TMPDIR:-/tmp}/hiertx-cluster.XXXXXX")
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$workdir/token"
+python3 -c 'import secrets; print(secrets.token_hex(32))' >"$RAY_AUTH_TOKEN_PATH"
+chmod 600 "$RAY_AUTH_TOKEN_PATH"
+export RAY_ADDRESS="127.0.0.1:$port"
+node_flags=(--node-ip-address=127.0.0.1 --num-cpus="$cpus" --object-store-memory="$object_store"
+  --memory="$memory" --disable-usage-stats --block)
+
+pids=()
+cleanup() {
+  local status=$?
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq 60); do
+    alive=0; for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive -eq 0 ]] && break; sleep 1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  rm -rf "$workdir"
+  exit "$status"
+}
+trap cleanup EXIT INT TERM
+
+wait_for_nodes() {  # wait until the cluster reports $1 alive nodes
+  for _ in $(seq 180); do
+    n=$(ray status --address "$RAY_ADDRESS" 2>/dev/null | grep -c ' node_' || true)
+    [[ "$n" -ge "$1" ]] && return 0
+    sleep 1
+  done
+  echo "local_cluster.sh: cluster did not reach $1 nodes; logs in $workdir" >&2
+  return 1
+}
+
+ray start --head --port="$port" --temp-dir="$workdir/ray" --include-dashboard=true \
+  --dashboard-host=127.0.0.1 "${node_flags[@]}" >"$workdir/head.log" 2>&1 &
+pids+=($!)
+wait_for_nodes 1
+for i in $(seq "$workers"); do
+  ray start --address="$RAY_ADDRESS" "${node_flags[@]}" >"$workdir/worker-$i.log" 2>&1 &
+  pids+=($!)
+done
+wait_for_nodes $((workers + 1))
+echo "local_cluster.sh: $((workers + 1)) nodes up at $RAY_ADDRESS; running: $*" >&2
+"$@"

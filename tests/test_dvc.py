@@ -1,0 +1,81 @@
+"""dvc.yaml and the stage scripts agree: each stage declares exactly the params it reads.
+
+Every ``stages/<name>.py`` exposes ``select_params(params, item)`` returning the only slice of
+``params.yaml`` the stage passes on. Running it on a recording proxy yields the dotted keys it
+reads; they must equal the stage's ``params:`` list (no undeclared reads, nothing stale).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from pipeline.config import load_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Recorder:
+    """Wraps params; records the dotted path of every attribute or item read."""
+
+    def __init__(self, value: Any, path: str, log: set[str]) -> None:
+        self._value, self._path, self._log = value, path, log
+
+    def _child(self, value: Any, key: str) -> Any:
+        path = f"{self._path}.{key}" if self._path else key
+        self._log.add(path)
+        if isinstance(value, BaseModel | dict):
+            return Recorder(value, path, self._log)
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        return self._child(getattr(self._value, name), name)
+
+    def __getitem__(self, key: Any) -> Any:
+        name = key.value if isinstance(key, enum.Enum) else str(key)
+        return self._child(self._value[key], name)
+
+
+def maximal(paths: set[str]) -> set[str]:
+    return {p for p in paths if not any(q.startswith(p + ".") for q in paths)}
+
+
+def stage_instances() -> list[tuple[str, str | None, dict[str, Any]]]:
+    """(stage name, foreach item or None, stage definition with ${item} substituted)."""
+    spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    raw_params = yaml.safe_load((REPO / "params.yaml").read_text())
+    out = []
+    for name, stage in spec.items():
+        if "foreach" not in stage:
+            out.append((name, None, stage))
+            continue
+        items = stage["foreach"]
+        if isinstance(items, str):  # ${key} of params.yaml
+            items = raw_params[items.strip("${}")]
+        for item in items:
+            text = yaml.safe_dump(stage["do"]).replace("${item}", str(item))
+            out.append((name, str(item), yaml.safe_load(text)))
+    return out
+
+
+@pytest.mark.parametrize(("name", "item", "stage"), stage_instances(), ids=lambda v: str(v))
+def test_stage_declares_exactly_the_params_it_reads(
+    name: str, item: str | None, stage: dict[str, Any]
+) -> None:
+    module = importlib.import_module(f"stages.{name}")
+    log: set[str] = set()
+    module.select_params(Recorder(load_params(REPO / "params.yaml"), "", log), item)
+    declared = set(stage.get("params", []))
+    assert maximal(log) == declared
+
+
+@pytest.mark.parametrize(("name", "item", "stage"), stage_instances(), ids=lambda v: str(v))
+def test_stage_depends_on_its_script(name: str, item: str | None, stage: dict[str, Any]) -> None:
+    assert f"stages/{name}.py" in stage["deps"]
+    assert stage["cmd"].startswith(f"python -m stages.{name}")
