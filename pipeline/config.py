@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pipeline.errors import ConfigError
 
@@ -27,6 +34,7 @@ class CorpusName(enum.StrEnum):
     PTB = "ptb"
     PERSONACHAT = "personachat"
     MULTIWOZ = "multiwoz"
+    MULTIWOZ21 = "multiwoz21"
     CORNELL = "cornell"
     DSTC7 = "dstc7"
 
@@ -124,6 +132,272 @@ class TokenizeParams(Section):
     corpora: dict[CorpusName, CorpusParams] = Field(default_factory=dict)
 
 
+# --------------------------------------------------------------------------- train
+
+
+class OptimizerKind(enum.StrEnum):
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+
+class OptimizerParams(Section):
+    """Adam or AdamW (decoupled weight decay)."""
+
+    kind: OptimizerKind = OptimizerKind.ADAM
+    lr: float = Field(default=1e-4, gt=0, description="peak learning rate")
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(default=1e-9, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError("each beta must lie in [0, 1)")
+        return betas
+
+
+class ScheduleKind(enum.StrEnum):
+    NONE = "none"
+    LINEAR_WARMUP = "linear_warmup"
+    NOAM = "noam"
+
+
+class ScheduleParams(Section):
+    """Learning-rate schedule: constant; linear warm-up to ``lr`` then constant; or Noam
+    (warm-up then inverse square root decay), scaled so that its peak equals ``lr``."""
+
+    kind: ScheduleKind = ScheduleKind.NONE
+    warmup_steps: int = Field(default=1000, gt=0)
+
+
+class Precision(enum.StrEnum):
+    AUTO = "auto"  # bf16 autocast on GPU, fp32 on CPU
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class RunParams(Section):
+    """The knobs of one training run. ``train.defaults`` holds them all; ``train.models.<m>``
+    and ``train.runs.<run>.overrides`` hold only the keys they change (merged in that order
+    by ``TrainParams.run``)."""
+
+    seed: int = Field(default=1234, ge=0, description="base seed; worker r uses seed + r")
+    batch_size: int = Field(
+        default=32, gt=0, description="global: examples per optimizer step over all workers"
+    )
+    eval_batch_size: int | None = Field(default=None, gt=0, description="default: batch_size")
+    epochs: int = Field(default=30, gt=0)
+    max_steps: int | None = Field(default=None, gt=0, description="stop after this many steps")
+    max_batches_per_epoch: int | None = Field(
+        default=None, gt=0, description="tiny runs: cut every epoch (train and valid) short"
+    )
+    eval_every: int | None = Field(
+        default=None, gt=0, description="also evaluate every N steps (always at epoch end)"
+    )
+    patience: int | None = Field(
+        default=5, gt=0, description="evaluations without improvement before stopping"
+    )
+    min_delta: float = Field(default=0.0, ge=0, description="smallest improvement that counts")
+    clip_norm: float | None = Field(default=1.0, gt=0, description="max gradient norm")
+    optimizer: OptimizerParams = OptimizerParams()
+    schedule: ScheduleParams = ScheduleParams()
+    precision: Precision = Precision.AUTO
+    checkpoint_every: int | None = Field(
+        default=None, gt=0, description="also checkpoint every N steps (always at epoch end)"
+    )
+    log_every: int = Field(default=10, gt=0, description="steps between logged train metrics")
+    model: dict[str, Any] = Field(
+        default_factory=dict, description="model config overrides (fields of its config)"
+    )
+
+
+def merge_params(base: Section, override: Section) -> Section:
+    """``base`` updated with the fields ``override`` was given explicitly (its
+    ``model_fields_set``): nested sections merge recursively, mappings are updated."""
+    update: dict[str, Any] = {}
+    for name in override.model_fields_set:
+        new, old = getattr(override, name), getattr(base, name)
+        if isinstance(new, Section) and isinstance(old, Section):
+            new = merge_params(old, new)
+        elif isinstance(new, dict) and isinstance(old, dict):
+            new = {**old, **new}
+        update[name] = new
+    return type(base).model_validate({**base.model_dump(), **update})
+
+
+class RunTarget(Section):
+    """One model trained (or tuned) on one corpus; its key in ``runs`` is
+    ``<model>-<corpus>`` (the DVC stage name suffix and output folder)."""
+
+    model: str = Field(min_length=1)
+    corpus: CorpusName
+    overrides: RunParams = Field(
+        default_factory=RunParams, description="keys of this run that differ (train runs only)"
+    )
+
+    @property
+    def key(self) -> str:
+        return run_key(self.model, self.corpus)
+
+
+def run_key(model: str, corpus: str) -> str:
+    """The name of a (model, corpus) run: ``hier-multiwoz``."""
+    return f"{model}-{corpus}"
+
+
+def _check_run_keys(runs: dict[str, RunTarget], where: str) -> None:
+    for key, target in runs.items():
+        if key != target.key:
+            raise ValueError(f"{where}.{key}: must be named {target.key!r} (<model>-<corpus>)")
+
+
+class PlacementStrategy(enum.StrEnum):
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+class ScaleParams(Section):
+    """Where training runs: in-process (``num_workers: 0``) or on Ray Train workers."""
+
+    num_workers: int = Field(default=0, ge=0, description="0 = local, in-process, no Ray")
+    use_gpu: bool | None = Field(default=None, description="null = use GPUs if present")
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    gpus_per_worker: float = Field(default=1.0, gt=0, description="with use_gpu only")
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+    max_failures: int = Field(
+        default=0, ge=-1, description="worker-group restarts from the last checkpoint (-1: always)"
+    )
+    storage_path: str | None = Field(
+        default=None,
+        description="runs and checkpoints: an absolute path or URI shared by every node "
+        "(multi-node); default <project>/runs/ray, or $HIERTX_STORAGE_PATH",
+    )
+
+
+class TrainParams(Section):
+    """``train``: defaults, per-model and per-run overrides, runs, and scaling."""
+
+    defaults: RunParams = RunParams()
+    models: dict[str, RunParams] = Field(
+        default_factory=dict, description="per model name: the keys that differ from defaults"
+    )
+    runs: dict[str, RunTarget] = Field(
+        default_factory=dict, description="untuned runs `dvc repro` trains (stage train@<key>)"
+    )
+    scale: ScaleParams = ScaleParams()
+
+    @model_validator(mode="after")
+    def _keys(self) -> TrainParams:
+        _check_run_keys(self.runs, "runs")
+        return self
+
+    def run(self, model: str, corpus: str) -> RunParams:
+        """The merged knobs of ``model`` on ``corpus``: defaults < models < run overrides."""
+        merged = self.defaults
+        if model in self.models:
+            merged = merge_params(merged, self.models[model])
+        target = self.runs.get(run_key(model, corpus))
+        if target is not None:
+            merged = merge_params(merged, target.overrides)
+        return merged  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- tune
+
+
+class SearchKind(enum.StrEnum):
+    INT = "int"
+    FLOAT = "float"
+    LOG_FLOAT = "log_float"
+    CHOICE = "choice"
+
+
+class SearchDim(Section):
+    """One searched value: an int/float range (``step`` optional), a log-uniform float
+    range, or a choice among ``choices``."""
+
+    kind: SearchKind
+    low: float | None = None
+    high: float | None = None
+    step: float | None = Field(default=None, gt=0)
+    choices: tuple[Any, ...] | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> SearchDim:
+        if self.kind == SearchKind.CHOICE:
+            if not self.choices:
+                raise ValueError("choices: a choice dimension needs a non-empty list")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError(f"low: a {self.kind.value} dimension needs low and high")
+        if self.low > self.high:
+            raise ValueError("low: must not exceed high")
+        if self.kind == SearchKind.LOG_FLOAT and self.low <= 0:
+            raise ValueError("low: a log_float dimension needs low > 0")
+        if self.kind == SearchKind.INT and not (
+            float(self.low).is_integer() and float(self.high).is_integer()
+        ):
+            raise ValueError("low: an int dimension needs integer bounds")
+        return self
+
+
+class SearchSpace(Section):
+    """What is searched for one model: fields of its config and of the optimizer."""
+
+    model: dict[str, SearchDim] = Field(default_factory=dict)
+    optimizer: dict[str, SearchDim] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _fields(self) -> SearchSpace:
+        unknown = sorted(set(self.optimizer) - set(OptimizerParams.model_fields))
+        if unknown:
+            raise ValueError(f"optimizer: {unknown} are not optimizer params")
+        if not self.model and not self.optimizer:
+            raise ValueError("model: name at least one dimension to search")
+        return self
+
+
+class TuneParams(Section):
+    """``tune``: Optuna (TPE) proposes, ASHA stops poor trials early; each trial trains
+    ``epochs_per_trial`` epochs with the run's train params."""
+
+    trials: int = Field(default=15, gt=0)
+    concurrency: int = Field(default=1, gt=0, description="trials running at once")
+    epochs_per_trial: int = Field(default=5, gt=0)
+    grace_period: int = Field(default=1, gt=0, description="evaluations before ASHA may stop")
+    reduction_factor: int = Field(default=3, ge=2)
+    seed: int = Field(default=0, ge=0, description="Optuna sampler seed")
+    cpus_per_trial: float = Field(default=1.0, gt=0, description="local-mode trials")
+    spaces: dict[str, SearchSpace] = Field(default_factory=dict, description="per model name")
+    runs: dict[str, RunTarget] = Field(
+        default_factory=dict, description="runs tuned, then trained (stage train_tuned@<key>)"
+    )
+
+    @model_validator(mode="after")
+    def _runs(self) -> TuneParams:
+        _check_run_keys(self.runs, "runs")
+        for key, target in self.runs.items():
+            if target.model not in self.spaces:
+                raise ValueError(f"runs.{key}: tune.spaces has no entry for {target.model!r}")
+        return self
+
+
+# --------------------------------------------------------------------------- tracking
+
+
+class TrackingParams(Section):
+    """``tracking``: what MLflow records (the URI comes from $MLFLOW_TRACKING_URI)."""
+
+    enabled: bool = True
+    experiment_prefix: str = Field(default="hiertx", min_length=1)
+    log_model: bool = Field(default=True, description="log the final model as a pyfunc")
+    register_model: bool = Field(default=True, description="register it as hiertx-<run>")
+    sample_generations: int = Field(default=5, ge=0, description="validation samples logged")
+
+
 # --------------------------------------------------------------------------- root
 
 
@@ -135,12 +409,21 @@ class Params(Section):
     )
     download: DownloadParams = DownloadParams()
     tokenize: TokenizeParams = TokenizeParams()
+    train: TrainParams = TrainParams()
+    tune: TuneParams = TuneParams()
+    tracking: TrackingParams = TrackingParams()
 
     @model_validator(mode="after")
     def _every_corpus_configured(self) -> Params:
         missing = [c.value for c in self.corpora if c not in self.tokenize.corpora]
         if missing:
             raise ValueError(f"tokenize.corpora has no entry for {missing}")
+        both = sorted(set(self.train.runs) & set(self.tune.runs))
+        if both:
+            raise ValueError(
+                f"tune.runs.{both[0]}: also in train.runs; a tuned run is trained by the "
+                "train_tuned stage: list it under tune.runs only"
+            )
         return self
 
     def corpus(self, name: CorpusName | str) -> CorpusParams:

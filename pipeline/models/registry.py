@@ -93,8 +93,13 @@ def make_config(name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
         return s.config_cls(vocab_size=vocab_size, **fixed, **overrides)
     except ValidationError as err:
         first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "config"
-        raise ConfigError(f"{name}.{key}", first["msg"]) from None
+        key, reason = ".".join(str(p) for p in first["loc"]), first["msg"]
+        if not key:
+            # cross-field validators raise ValueError("field: reason")
+            reason = reason.removeprefix("Value error, ")
+            field, sep, rest = reason.partition(": ")
+            key, reason = (field, rest) if sep and field.isidentifier() else ("config", reason)
+        raise ConfigError(f"{name}.{key}", reason) from None
 
 
 def build(name: str, vocab_size: int, **overrides: Any) -> nn.Module:
