@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import LanguageModel, Seq2SeqModel, SelectModel, TaskKind
+from pipeline.models.base import LanguageModel, SelectModel, Seq2SeqModel, TaskKind
 
 GENERATE = [
     "transformer", "adj_transformer", "transformer_skip", "transformer_skip_conv", "unet",
@@ -29,7 +29,11 @@ def test_every_public_name_is_registered_with_its_task() -> None:
 
 @pytest.mark.parametrize("name", GENERATE + SELECT + LM)
 def test_model_class_matches_task(name: str) -> None:
-    base = {TaskKind.GENERATE: Seq2SeqModel, TaskKind.SELECT: SelectModel, TaskKind.LM: LanguageModel}
+    base = {
+        TaskKind.GENERATE: Seq2SeqModel,
+        TaskKind.SELECT: SelectModel,
+        TaskKind.LM: LanguageModel,
+    }
     spec = registry.spec(name)
     model = registry.build_from_config(name, registry.make_config(name, vocab_size=64))
     assert isinstance(model, base[spec.task])
