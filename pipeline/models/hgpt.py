@@ -1,1 +1,201 @@
-"""(being written)"""
+"""Hierarchical GPT (Roh et al.): sentence encoder -> document GPT -> sentence decoder GPT.
+
+- **Sentence encoder** (bidirectional ``Stack``): each real sentence ``w1 .. wn <eos>`` is
+  encoded on its own; its embedding is the output at its LAST real token (its ``<eos>``),
+  projected to the document width.
+- **Document GPT** (causal ``Stack`` over sentences): input ``[BOD, e_0, .., e_{S-2}]`` with
+  a learned Begin-Of-Document vector; its output at position ``s`` is the predicted
+  embedding of sentence ``s``, computed from sentences ``< s`` only.
+- **Sentence decoder GPT** (causal ``Stack`` over tokens): input ``[ê_s, w1, .., wn]``,
+  target ``[w1, .., wn, <eos>]``. Paper, Figure 1: the decoder "autoregressively generates
+  word sequences for each generated sentence embedding vector", with no cross-attention
+  (Table 4 lists exactly the flat GPT's parameter counts); so the predicted embedding takes
+  the place of ``<bos>`` as the decoder's first input (plus position 0's encoding).
+
+One token embedding is shared by encoder, decoder input and the tied output projection
+(again as the parameter counts imply). Defaults: d=512, 8 heads, FFN 2048, layers 1/1/4
+(Table 3's best 6-layer split, the PTB headline). The sentence level may be narrower
+(``d_sentence``): linear projections connect it to the document width.
+
+Training strategies (``training``): ``joint`` trains everything at once (the paper's
+reported setting). ``two_stage``: stage 1 trains the sentence encoder-decoder as an
+autoencoder (document block bypassed: the decoder gets the sentence's OWN encoding, so
+stage-1 NLL is not a language-model score); stage 2 trains the document block alone
+through the frozen encoder/decoder. ``set_stage`` switches and (un)freezes;
+``stage_for_step`` maps a training step to the stage (stage 1 for the first
+``stage_one_steps`` steps).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor, nn
+
+from pipeline.data.batch import LMBatch
+from pipeline.data.special import PAD_ID
+from pipeline.models.base import LanguageModel, ModelConfig, TaskKind
+from pipeline.models.gpt import Stack, extent, scatter_rows, sequence_nll
+from pipeline.models.layers import TokenEmbedding
+from pipeline.models.registry import register
+
+
+class Stage(enum.IntEnum):
+    """What a Hierarchical GPT currently trains."""
+
+    JOINT = 0  # all three blocks
+    SENTENCE = 1  # encoder + decoder as an autoencoder; document block bypassed and frozen
+    DOCUMENT = 2  # document block only; encoder and decoder frozen
+
+
+class HGPTConfig(ModelConfig):
+    """Hierarchical GPT; defaults are the paper's 1/1/4 model at d=512, 8 heads."""
+
+    d_model: int = Field(512, ge=1, description="document GPT width")
+    n_heads: int = Field(8, ge=1, description="document GPT heads")
+    d_ff: int = Field(2048, ge=1, description="document GPT FFN width")
+    d_sentence: int = Field(512, ge=1, description="sentence encoder/decoder width")
+    sentence_heads: int = Field(8, ge=1)
+    sentence_d_ff: int = Field(2048, ge=1)
+    encoder_layers: int = Field(1, ge=1)
+    document_layers: int = Field(1, ge=1)
+    decoder_layers: int = Field(4, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    congruent: bool = False
+    training: Literal["joint", "two_stage"] = "joint"
+    stage_one_steps: int = Field(
+        10_000, ge=1, description="two_stage: steps of stage 1 before the document stage"
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide_widths(self) -> HGPTConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model={self.d_model}")
+        if self.d_sentence % self.sentence_heads:
+            raise ValueError(
+                f"sentence_heads: {self.sentence_heads} does not divide "
+                f"d_sentence={self.d_sentence}"
+            )
+        return self
+
+
+def _project(d_in: int, d_out: int) -> nn.Module:
+    return nn.Identity() if d_in == d_out else nn.Linear(d_in, d_out)
+
+
+@register("hgpt", TaskKind.LM, HGPTConfig)
+@register("congruent_hgpt", TaskKind.LM, HGPTConfig, congruent=True)
+class HierarchicalGPT(LanguageModel):
+    """Sentence encoder -> document GPT -> sentence decoder GPT (module docstring)."""
+
+    def __init__(self, config: HGPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.embed = TokenEmbedding(c.vocab_size, c.d_sentence, PAD_ID)
+        self.encoder = Stack(
+            c.d_sentence,
+            c.sentence_heads,
+            c.sentence_d_ff,
+            c.encoder_layers,
+            c.dropout,
+            c.congruent,
+            causal=False,
+        )
+        self.to_document = _project(c.d_sentence, c.d_model)
+        self.bod = nn.Parameter(torch.randn(c.d_model))
+        self.document = Stack(
+            c.d_model, c.n_heads, c.d_ff, c.document_layers, c.dropout, c.congruent, causal=True
+        )
+        self.from_document = _project(c.d_model, c.d_sentence)
+        self.decoder = Stack(
+            c.d_sentence,
+            c.sentence_heads,
+            c.sentence_d_ff,
+            c.decoder_layers,
+            c.dropout,
+            c.congruent,
+            causal=True,
+        )
+        self.output = nn.Linear(c.d_sentence, c.vocab_size, bias=False)
+        self.output.weight = self.embed.weight
+        self.set_stage(Stage.JOINT if c.training == "joint" else Stage.SENTENCE)
+
+    # ------------------------------------------------------------------ training stages
+
+    def document_parameters(self) -> list[nn.Parameter]:
+        """The document block's parameters (what stage 2 trains)."""
+        return [self.bod, *self.document.parameters()]
+
+    def set_stage(self, stage: int) -> None:
+        """Switch to ``Stage(stage)`` and set ``requires_grad`` accordingly: stage 1 freezes
+        the (bypassed) document block, stage 2 freezes everything else, stage 0 nothing.
+
+        Call it before building the optimizer / DDP wrapper, and rebuild both after a
+        switch (DDP registers the parameters that require grad when it wraps the model).
+        """
+        self.stage = Stage(stage)
+        document = {id(p) for p in self.document_parameters()}
+        for p in self.parameters():
+            if self.stage == Stage.JOINT:
+                p.requires_grad_(True)
+            elif self.stage == Stage.SENTENCE:
+                p.requires_grad_(id(p) not in document)
+            else:
+                p.requires_grad_(id(p) in document)
+
+    def stage_for_step(self, step: int) -> Stage:
+        """The stage training step ``step`` (from 0) belongs to under ``config.training``."""
+        if self.config.training == "joint":
+            return Stage.JOINT
+        return Stage.SENTENCE if step < self.config.stage_one_steps else Stage.DOCUMENT
+
+    # ------------------------------------------------------------------ blocks
+
+    def encode_sentences(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """Embeddings ``[N, d_model]`` of ``N`` right-padded sentences ``[N, L]``: the
+        encoder output at each sentence's last real token."""
+        hidden = self.encoder(self.embed(ids), mask)
+        last = mask.sum(1) - 1
+        return self.to_document(hidden[torch.arange(len(ids), device=ids.device), last])
+
+    def predict_sentences(self, encoded: Tensor) -> Tensor:
+        """Document GPT: ``[B, S, d_model]`` sentence embeddings -> predicted embeddings of
+        the same sentences, position ``s`` from sentences ``< s`` (and BOD) only."""
+        bod = self.bod.expand(encoded.shape[0], 1, -1)
+        return self.document(torch.cat([bod, encoded[:, :-1]], dim=1))
+
+    def decode_sentences(self, predicted: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
+        """Token NLL ``[N, L]`` of sentences ``ids`` ``[N, L]`` given their predicted
+        embeddings ``[N, d_model]`` (which stand in for ``<bos>``)."""
+        first = self.from_document(predicted).unsqueeze(1)
+        inputs = torch.cat([first, self.embed(ids[:, :-1])], dim=1)
+        logits = self.output(self.decoder(inputs))
+        return sequence_nll(logits, ids, mask)
+
+    def token_nll(self, batch: LMBatch) -> Tensor:
+        """NLL ``[B, S, Ls]`` of every sentence token given the previous sentences (through
+        their embeddings) and the previous tokens of its sentence; 0 at padding."""
+        # Trim to the real extent so extra padding changes no computation at all.
+        length = extent(batch.sentence_mask)
+        if length == 0:
+            return batch.sentence_mask.new_zeros(batch.sentence_mask.shape, dtype=torch.float)
+        present = batch.sentence_mask.any(-1)
+        n_sent = extent(present)
+        ids = batch.sentences[:, :n_sent, :length]
+        mask = batch.sentence_mask[:, :n_sent, :length]
+        present = present[:, :n_sent]
+        # Only real sentences go through the sentence-level blocks.
+        sent_ids, sent_mask = ids[present], mask[present]
+        encoded = self.encode_sentences(sent_ids, sent_mask)
+        if self.stage == Stage.SENTENCE:
+            predicted = encoded
+        else:
+            predicted = self.predict_sentences(scatter_rows(present, encoded))[present]
+        nll = self.decode_sentences(predicted, sent_ids, sent_mask)
+        out = scatter_rows(present, nll)
+        full = batch.sentence_mask.shape
+        return nn.functional.pad(out, (0, full[2] - length, 0, full[1] - n_sent))

@@ -1,1 +1,407 @@
-"""(being written)"""
+"""The HT-Encoder family (Santra et al., 2021, "Hierarchical Transformer for Task Oriented
+Dialog Systems"): HIER, HIER-CLS, SET, MAT, HIER++, SET++ and HIER-Joint.
+
+An HT-Encoder is a plain (M+N)-layer Transformer encoder made hierarchical by masks and
+positions: the first M (utterance) layers use the UT-mask and local positions (within the
+utterance), global positions (over the flat history) are added before the last N (context)
+layers, which use a CT-mask (``masks.ContextMask``). A standard decoder (``layers.Decoder``)
+follows; it cross-attends to all encoder outputs by default (``masks.MemoryKeys``).
+
+Sizes (Table 1, "L a/b/c, H, A, E"): the authors' code (bsantraigi/HIER, ``Transformer(
+ntoken, ninp, nhead, nhid, ...)``) uses E (``ninp``, "embed_size") as the model width and H
+(``nhid``) as the feed-forward width of PyTorch's ``TransformerEncoderLayer``. So ``d_model``
+= E and ``d_ff`` = H here: HIER++'s 175/7 heads gives 25 per head, inside the authors'
+Optuna range (25-40); no projection between embedding and hidden sizes is needed.
+
+Encoder and decoder share one token embedding (as in the authors' code); the decoder's
+output projection is tied to it (``layers.Decoder``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import Field, ValidationInfo, field_validator
+from torch import Tensor, nn
+
+from pipeline.data.batch import GenerateBatch, History
+from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
+from pipeline.models import masks
+from pipeline.models.base import LossOutput, ModelConfig, Seq2SeqModel, TaskKind, token_loss
+from pipeline.models.layers import (
+    Decoder,
+    DecoderCache,
+    EncoderLayer,
+    SinusoidalPositions,
+    TokenEmbedding,
+    xavier_,
+)
+from pipeline.models.masks import ContextMask, MemoryKeys
+from pipeline.models.registry import register
+
+# --------------------------------------------------------------------------- configs
+
+
+class HierConfig(ModelConfig):
+    """HIER (Table 1): layers shared/context/decoder 3/3/3, H (``d_ff``) 100, 4 heads,
+    E (``d_model``) 100."""
+
+    d_model: int = Field(100, ge=1)
+    d_ff: int = Field(100, ge=1)
+    d_head: int | None = Field(None, ge=1)
+    n_heads: int = Field(4, ge=1)
+    n_utterance_layers: int = Field(3, ge=0)
+    n_context_layers: int = Field(3, ge=0)
+    n_decoder_layers: int = Field(3, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    context_mask: ContextMask = ContextMask.HIER
+    memory_keys: MemoryKeys = MemoryKeys.ALL
+    # Size of the multi-hot dialogue-act vector fed to the decoder (HIER++/SET++); None: none.
+    n_acts: int | None = Field(None, ge=1)
+
+    @field_validator("n_heads")
+    @classmethod
+    def _heads_fit_width(cls, n_heads: int, info: ValidationInfo) -> int:
+        d_model, d_head = info.data.get("d_model"), info.data.get("d_head")
+        if d_head is None and d_model is not None and d_model % n_heads:
+            raise ValueError(
+                f"{n_heads} heads do not divide d_model={d_model}; pick a divisor or set d_head"
+            )
+        return n_heads
+
+    @field_validator("n_context_layers")
+    @classmethod
+    def _encoder_not_empty(cls, n_context: int, info: ValidationInfo) -> int:
+        if n_context + (info.data.get("n_utterance_layers") or 0) == 0:
+            raise ValueError("the encoder needs at least one utterance or context layer")
+        return n_context
+
+
+class SetConfig(HierConfig):
+    """SET (Table 1): utterance encoder only, 6/-/3, H 100, 4 heads, E 100."""
+
+    n_utterance_layers: int = Field(6, ge=1)
+    n_context_layers: int = Field(0, ge=0)
+
+
+class MatConfig(HierConfig):
+    """MAT (Table 1): context encoder only, -/4/6, H 200, 5 heads, E 100."""
+
+    d_ff: int = Field(200, ge=1)
+    n_heads: int = Field(5, ge=1)
+    n_utterance_layers: int = Field(0, ge=0)
+    n_context_layers: int = Field(4, ge=1)
+    n_decoder_layers: int = Field(6, ge=1)
+
+
+class HierPPConfig(HierConfig):
+    """HIER++ (Table 1): 4/6/3, H 91, 7 heads, E 175, 44-dim dialogue acts. HIER-CLS
+    "differs from HIER++ only with respect to the CT-Mask", so it shares these sizes."""
+
+    d_model: int = Field(175, ge=1)
+    d_ff: int = Field(91, ge=1)
+    n_heads: int = Field(7, ge=1)
+    n_utterance_layers: int = Field(4, ge=0)
+    n_context_layers: int = Field(6, ge=0)
+    n_acts: int | None = Field(44, ge=1)
+
+
+class SetPPConfig(HierPPConfig):
+    """SET++ (Table 1): 4/-/3, H 91, 7 heads, E 175, 44-dim dialogue acts."""
+
+    n_context_layers: int = Field(0, ge=0)
+
+
+class HierJointConfig(HierConfig):
+    """HIER-Joint: HIER's sizes (the paper gives none of its own) and three decoders.
+
+    ``max_belief_len``/``max_act_len`` bound the greedy belief/act decoding that ``encode``
+    runs at inference; ``oracle_annotations=True`` uses the batch's gold belief/act
+    sequences instead (the paper's end-to-end setting predicts them).
+    """
+
+    max_belief_len: int = Field(50, ge=2)
+    max_act_len: int = Field(50, ge=2)
+    oracle_annotations: bool = False
+
+    @field_validator("n_acts")
+    @classmethod
+    def _no_act_input(cls, n_acts: int | None) -> None:
+        if n_acts is not None:
+            raise ValueError("hier_joint predicts the dialogue acts; it takes no act vector")
+        return None
+
+
+# --------------------------------------------------------------------------- encoder
+
+
+class HTEncoder(nn.Module):
+    """Hierarchical Transformer encoder: ``layers.EncoderLayer``s under UT/CT masks.
+
+    ``forward`` takes the masks explicitly (built once per batch by the caller with
+    ``masks``), so the same stack runs any variant. Local PE (``utt_pos``) is added to the
+    embeddings only when there are utterance layers; global PE (absolute position) before
+    the first context layer. With no utterance layers (MAT) it is exactly a plain encoder
+    with a special mask, as the paper describes.
+    """
+
+    def __init__(
+        self,
+        embed: TokenEmbedding,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_utterance_layers: int,
+        n_context_layers: int,
+        dropout: float = 0.1,
+        d_head: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.embed = embed
+        self.positions = SinusoidalPositions(d_model)
+        self.utterance_layers = nn.ModuleList(
+            EncoderLayer(d_model, n_heads, d_ff, dropout, d_head) for _ in range(n_utterance_layers)
+        )
+        self.context_layers = nn.ModuleList(
+            EncoderLayer(d_model, n_heads, d_ff, dropout, d_head) for _ in range(n_context_layers)
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, history: History, ut_mask: Tensor | None, ct_mask: Tensor | None) -> Tensor:
+        """``[B, L, d_model]`` encodings of ``history`` (``ut_mask``/``ct_mask`` ``[B, L, L]``,
+        True = may attend; ``None`` = no mask)."""
+        x = self.embed(history.input_ids)
+        if len(self.utterance_layers):
+            x = x + self.positions(history.utt_pos)
+            x = self.dropout(x)
+            for layer in self.utterance_layers:
+                x = layer(x, mask=ut_mask)
+        return self.contextualise(x, ct_mask)
+
+    def contextualise(self, x: Tensor, ct_mask: Tensor | None) -> Tensor:
+        """The context stage alone: global PE then the context layers (identity if none)."""
+        if not len(self.context_layers):
+            return x
+        x = self.dropout(x + self.positions.range(x.shape[1], x.device))
+        for layer in self.context_layers:
+            x = layer(x, mask=ct_mask)
+        return x
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass
+class HierMemory:
+    """What the decoder reads: encoder outputs ``states`` ``[B, Lm, d]``, their key mask
+    ``mask`` ``[B, Lm]`` and an optional input offset ``act_offset`` ``[B, 1, d]`` (the
+    embedded dialogue acts of HIER++/SET++) added to every decoder input embedding."""
+
+    states: Tensor
+    mask: Tensor
+    act_offset: Tensor | None = None
+
+
+class HierTransformer(Seq2SeqModel):
+    """HT-Encoder + Transformer decoder (HIER, HIER-CLS, SET, MAT, HIER++, SET++)."""
+
+    config: HierConfig
+
+    def __init__(self, config: HierConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.decoder = Decoder(
+            c.vocab_size, c.d_model, c.n_decoder_layers, c.n_heads, c.d_ff, c.dropout, c.d_head
+        )
+        self.encoder = HTEncoder(
+            self.decoder.embed,
+            c.d_model,
+            c.n_heads,
+            c.d_ff,
+            c.n_utterance_layers,
+            c.n_context_layers,
+            c.dropout,
+            c.d_head,
+        )
+        self.act_embed = xavier_(nn.Linear(c.n_acts, c.d_model)) if c.n_acts else None
+
+    def encode_history(self, history: History) -> HierMemory:
+        """Encoder outputs and the decoder's key mask (no act offset)."""
+        c = self.config
+        ut = masks.utterance_mask(history) if c.n_utterance_layers else None
+        ct = masks.context_mask(history, c.context_mask) if c.n_context_layers else None
+        states = self.encoder(history, ut, ct)
+        return HierMemory(states, masks.memory_mask(history, c.memory_keys))
+
+    def act_offset(self, batch: GenerateBatch) -> Tensor | None:
+        """``[B, 1, d]`` embedded multi-hot acts (HIER++/SET++), or None without ``n_acts``."""
+        if self.act_embed is None:
+            return None
+        n_acts = self.act_embed.in_features
+        if batch.acts is None:
+            raise ValueError(
+                f"this model needs batch.acts (multi-hot dialogue acts [B, {n_acts}]) and the "
+                "batch has none; use a corpus with acts (MultiWOZ) or build it with n_acts=None"
+            )
+        if batch.acts.shape[-1] != n_acts:
+            raise ValueError(
+                f"batch.acts has {batch.acts.shape[-1]} act dimensions, the model n_acts={n_acts}"
+            )
+        weight = self.act_embed.weight
+        return self.act_embed(batch.acts.to(weight.dtype)).unsqueeze(1)
+
+    def encode(self, batch: GenerateBatch) -> HierMemory:
+        memory = self.encode_history(batch.history)
+        memory.act_offset = self.act_offset(batch)
+        return memory
+
+    def decode(
+        self, tokens: Tensor, memory: HierMemory, state: DecoderCache | None = None
+    ) -> tuple[Tensor, DecoderCache | None]:  # type: ignore[override]
+        logits = self.decoder(
+            tokens, memory.states, memory.mask, cache=state, input_offset=memory.act_offset
+        )
+        return logits, state
+
+    def init_state(self, memory: object, batch_size: int) -> DecoderCache:
+        return self.decoder.init_cache()
+
+
+def greedy_tokens(
+    decoder: Decoder,
+    memory: HierMemory,
+    max_len: int,
+    offset: Tensor | None = None,
+) -> Tensor:
+    """Greedy ``<bos> .. <eos>`` sequences ``[B, <= max_len]`` from ``decoder``; positions
+    after a row's ``<eos>`` are padding."""
+    batch_size = memory.states.shape[0]
+    tokens = torch.full((batch_size, 1), BOS_ID, dtype=torch.long, device=memory.states.device)
+    done = torch.zeros(batch_size, dtype=torch.bool, device=tokens.device)
+    cache = decoder.init_cache()
+    step = tokens
+    while tokens.shape[1] < max_len and not bool(done.all()):
+        logits = decoder(step, memory.states, memory.mask, cache=cache, input_offset=offset)
+        step = logits[:, -1].argmax(-1, keepdim=True).masked_fill(done[:, None], PAD_ID)
+        tokens = torch.cat([tokens, step], dim=1)
+        done = done | (step[:, 0] == EOS_ID)
+    return tokens
+
+
+class HierJoint(HierTransformer):
+    """HIER-Joint: one HT-Encoder, three decoders (belief state, dialogue act, response).
+
+    Following the paper ("we pass the token embedding from the belief decoder and act
+    decoder to the response decoder. Act decoder receives mean token embedding from the
+    belief decoder too") and the authors' joint models: the act decoder's input embeddings
+    get a linear map of the mean belief-token embedding (of the belief decoder's table);
+    the response decoder cross-attends to the belief and act token embeddings (each with
+    its decoder's positions) followed by the encoder outputs. The loss is the sum of the
+    three mean token losses; ``nll_sum``/``n_tokens`` count the response only, so
+    perplexity compares with the other generators.
+    """
+
+    config: HierJointConfig
+
+    def __init__(self, config: HierJointConfig) -> None:
+        super().__init__(config)
+        c = config
+        self.belief_decoder = Decoder(
+            c.vocab_size, c.d_model, c.n_decoder_layers, c.n_heads, c.d_ff, c.dropout, c.d_head
+        )
+        self.act_decoder = Decoder(
+            c.vocab_size, c.d_model, c.n_decoder_layers, c.n_heads, c.d_ff, c.dropout, c.d_head
+        )
+        self.belief_summary = xavier_(nn.Linear(c.d_model, c.d_model))
+
+    def belief_offset(self, belief_ids: Tensor) -> Tensor:
+        """``[B, 1, d]``: linear map of the mean embedding of the real belief tokens."""
+        real = (belief_ids != PAD_ID).unsqueeze(-1)
+        emb = self.belief_decoder.embed(belief_ids) * real
+        mean = emb.sum(1) / real.sum(1).clamp(min=1)
+        return self.belief_summary(mean).unsqueeze(1)
+
+    def response_memory(
+        self, encoded: HierMemory, belief_ids: Tensor, act_ids: Tensor
+    ) -> HierMemory:
+        """Belief and act token embeddings, then the encoder outputs, as one memory."""
+        parts = []
+        for decoder, ids in ((self.belief_decoder, belief_ids), (self.act_decoder, act_ids)):
+            parts.append(decoder.embed(ids) + decoder.positions.range(ids.shape[1], ids.device))
+        states = torch.cat([*parts, encoded.states], dim=1)
+        mask = torch.cat([belief_ids != PAD_ID, act_ids != PAD_ID, encoded.mask], dim=1)
+        return HierMemory(states, mask)
+
+    @staticmethod
+    def _gold(batch: GenerateBatch) -> tuple[Tensor, Tensor]:
+        if batch.belief_ids is None or batch.act_ids is None:
+            raise ValueError(
+                "hier_joint trains on batch.belief_ids and batch.act_ids (belief state and "
+                "dialogue acts as <bos> .. <eos> sequences); this batch lacks them (MultiWOZ "
+                "provides them)"
+            )
+        return batch.belief_ids, batch.act_ids
+
+    def encode(self, batch: GenerateBatch) -> HierMemory:
+        """Encode the history, then obtain belief and acts (gold with
+        ``oracle_annotations``, else greedily decoded) and build the response memory."""
+        c = self.config
+        encoded = self.encode_history(batch.history)
+        if c.oracle_annotations:
+            belief_ids, act_ids = self._gold(batch)
+        else:
+            belief_ids = greedy_tokens(self.belief_decoder, encoded, c.max_belief_len)
+            offset = self.belief_offset(belief_ids)
+            act_ids = greedy_tokens(self.act_decoder, encoded, c.max_act_len, offset)
+        return self.response_memory(encoded, belief_ids, act_ids)
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        belief_ids, act_ids = self._gold(batch)
+        encoded = self.encode_history(batch.history)
+        logits = self.belief_decoder(belief_ids[:, :-1], encoded.states, encoded.mask)
+        belief = token_loss(logits, belief_ids[:, 1:], belief_ids[:, 1:] != PAD_ID)
+        logits = self.act_decoder(
+            act_ids[:, :-1],
+            encoded.states,
+            encoded.mask,
+            input_offset=self.belief_offset(belief_ids),
+        )
+        act = token_loss(logits, act_ids[:, 1:], act_ids[:, 1:] != PAD_ID)
+        memory = self.response_memory(encoded, belief_ids, act_ids)
+        logits, _ = self.decode(batch.target_ids[:, :-1], memory)
+        response = token_loss(logits, batch.target_ids[:, 1:], batch.target_mask[:, 1:])
+        return LossOutput(
+            loss=belief.loss + act.loss + response.loss,
+            nll_sum=response.nll_sum,
+            n_tokens=response.n_tokens,
+            terms={
+                "belief": belief.loss.detach(),
+                "act": act.loss.detach(),
+                "response": response.loss.detach(),
+            },
+        )
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def _register(name: str, config_cls: type[HierConfig], cls: type, **preset: Any) -> None:
+    register(name, TaskKind.GENERATE, config_cls, **preset)(cls)
+
+
+_register("hier", HierConfig, HierTransformer)
+_register(
+    "hier_cls",
+    HierPPConfig,
+    HierTransformer,
+    context_mask=ContextMask.CLS,
+    memory_keys=MemoryKeys.FIRST_TOKENS,
+)
+_register("set", SetConfig, HierTransformer, n_context_layers=0)
+_register("mat", MatConfig, HierTransformer, n_utterance_layers=0)
+_register("hier_pp", HierPPConfig, HierTransformer)
+_register("set_pp", SetPPConfig, HierTransformer, n_context_layers=0)
+_register("hier_joint", HierJointConfig, HierJoint)

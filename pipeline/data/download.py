@@ -1,0 +1,369 @@
+"""Fetching corpus files: from a local mirror or over HTTP(S), resumable and verified.
+
+``fetch`` gets one file: a mirror (a folder or ``file://`` URL laid out like the test
+mirror) is searched first, then the URL is streamed into ``<dest>.part`` with retries and
+exponential backoff, resuming a cut transfer with a ``Range`` request (a server that
+answers 200 instead of 206 is read from the start). The sha256 is checked before the
+file is renamed into place, so ``dest`` only ever holds a complete, verified file.
+
+``download_corpus`` fetches and extracts every file of a registry corpus into
+``<dest_dir>/<corpus>/`` and writes ``SOURCES.json`` (url, sha256, bytes per file). A
+mirror comes from the ``download.mirror`` param or the ``HIERTX_MIRROR`` environment
+variable, which overrides it. Files without a pinned sha256 are trusted on first use:
+their digest is recorded in ``SOURCES.json`` (with a warning) and later fetches must match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from pipeline.config import DownloadParams
+from pipeline.data.archive import extract
+from pipeline.data.corpora import CorpusSpec, SourceFile, corpus_spec
+from pipeline.errors import DownloadError
+
+MIRROR_ENV = "HIERTX_MIRROR"
+SOURCES_FILE = "SOURCES.json"
+_CHUNK = 1 << 16
+# Client errors other than these will not go away by asking again.
+_RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+_USER_AGENT = "hiertx-download/0.1"
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _mirror_hint(url: str) -> str:
+    name = PurePosixPath(urlparse(url).path).name
+    return (
+        f"If this machine cannot reach it, put {name} in a mirror folder (laid out like "
+        f"the test mirror, or flat) and set download.mirror in params.yaml or the "
+        f"environment variable {MIRROR_ENV} (which overrides the param) to that folder "
+        f"or a file:// URL."
+    )
+
+
+def _mirror_dir(mirror: str | Path) -> Path:
+    text = str(mirror)
+    if text.startswith("file:"):
+        return Path(url2pathname(urlparse(text).path))
+    return Path(text)
+
+
+def mirror_candidates(mirror: str | Path, url: str, mirror_path: str | None) -> list[Path]:
+    """Where a mirror may hold the file of ``url``: ``<mirror>/<mirror_path>``, then
+    ``<mirror>/<file name>``."""
+    root = _mirror_dir(mirror)
+    names = [mirror_path] if mirror_path else []
+    names.append(PurePosixPath(urlparse(url).path).name)
+    return [root / name for name in names]
+
+
+@contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Progress]:
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, transient=True, disable=not enabled) as progress:
+        yield progress
+
+
+class _Incomplete(Exception):
+    """A transfer ended early; the ``.part`` file keeps what came."""
+
+
+def _stream_once(url: str, part: Path, timeout: float, progress: Progress) -> None:
+    """One request: append to ``part`` from where it stops (or restart on a 200).
+
+    Raises ``_Incomplete`` when the connection ends before the announced length.
+    """
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"User-Agent": _USER_AGENT}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        resumed = offset > 0 and response.status == 206
+        if resumed and not response.headers.get("Content-Range", "").startswith(f"bytes {offset}-"):
+            part.unlink()
+            raise _Incomplete("the server resumed at another offset; starting over")
+        if not resumed:
+            offset = 0  # the server ignored the Range: start over
+        length = response.headers.get("Content-Length")
+        total = offset + int(length) if length is not None else None
+        task = progress.add_task(
+            PurePosixPath(urlparse(url).path).name, total=total, completed=offset
+        )
+        received = offset
+        try:
+            with part.open("ab" if resumed else "wb") as f:
+                while chunk := response.read(_CHUNK):
+                    f.write(chunk)
+                    received += len(chunk)
+                    progress.update(task, completed=received)
+        finally:
+            progress.remove_task(task)
+    if total is not None and received < total:
+        raise _Incomplete(f"connection closed after {received} of {total} bytes")
+
+
+def _http_fetch(
+    url: str, part: Path, retries: int, timeout: float, backoff: float, progress: bool
+) -> None:
+    attempts = retries + 1
+    last = ""
+    with _progress_bar(progress) as bar:
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(backoff * 2 ** (attempt - 1))
+            try:
+                _stream_once(url, part, timeout, bar)
+                return
+            except urllib.error.HTTPError as err:
+                last = f"HTTP {err.code} {err.reason}"
+                if err.code == 416:  # our .part is not a prefix the server knows: start over
+                    part.unlink(missing_ok=True)
+                elif err.code not in _RETRY_STATUS:
+                    raise DownloadError(
+                        f"cannot download {url}: {last}. {_mirror_hint(url)}"
+                    ) from None
+            except (urllib.error.URLError, http.client.HTTPException, OSError, _Incomplete) as err:
+                last = str(getattr(err, "reason", None) or err) or type(err).__name__
+    raise DownloadError(
+        f"cannot download {url} after {attempts} attempts (last: {last}). {_mirror_hint(url)}"
+    )
+
+
+def fetch(
+    url: str,
+    dest: str | Path,
+    sha256: str | None = None,
+    mirror: str | Path | None = None,
+    retries: int = 4,
+    timeout: float = 60,
+    progress: bool = True,
+    *,
+    mirror_path: str | None = None,
+    backoff: float = 1.0,
+) -> str:
+    """Fetch ``url`` to ``dest`` and return the file's sha256 (hex).
+
+    With ``mirror``, ``<mirror>/<mirror_path>`` then ``<mirror>/<file name>`` are tried
+    first; ``file://`` URLs are copied. Otherwise HTTP(S) with ``retries`` retries
+    (``backoff``, ``2*backoff``, ... seconds apart) and a ``timeout`` per request.
+    A digest other than ``sha256`` deletes the download and raises ``DownloadError``
+    naming both digests; so does a URL that cannot be fetched, with the mirror hint.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    searched = mirror_candidates(mirror, url, mirror_path) if mirror is not None else []
+    found = next((p for p in searched if p.is_file()), None)
+    scheme = urlparse(url).scheme
+    if found is None and scheme == "file":
+        found = Path(url2pathname(urlparse(url).path))
+        if not found.is_file():
+            raise DownloadError(f"cannot download {url}: no such file")
+    if found is not None:
+        shutil.copyfile(found, part)
+    elif scheme in ("http", "https"):
+        try:
+            _http_fetch(url, part, retries, timeout, backoff, progress)
+        except DownloadError as err:
+            if searched:
+                tried = ", ".join(str(p) for p in searched)
+                raise DownloadError(f"{err} (the mirror had none of: {tried})") from None
+            raise
+    else:
+        raise DownloadError(f"cannot download {url}: unsupported URL scheme {scheme!r}")
+    actual = sha256_file(part)
+    if sha256 is not None and actual != sha256.lower():
+        part.unlink()
+        source = found or url
+        raise DownloadError(
+            f"checksum mismatch for {source}: expected sha256 {sha256.lower()}, got {actual}; "
+            f"the partial file was deleted. The source changed or is corrupt: fetch it again "
+            f"or check the mirror copy."
+        )
+    os.replace(part, dest)
+    return actual
+
+
+# --------------------------------------------------------------------------- corpora
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """A file's line in SOURCES.json."""
+
+    url: str
+    sha256: str
+    bytes: int
+    pinned: bool
+    extracted: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "pinned": self.pinned,
+            "extracted": list(self.extracted),
+        }
+
+
+def _read_sources(folder: Path) -> dict[str, Any]:
+    path = folder / SOURCES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        warnings.warn(f"{path} is not valid JSON; re-verifying every file", stacklevel=3)
+        return {}
+    files = data.get("files") if isinstance(data, dict) else None
+    return files if isinstance(files, dict) else {}
+
+
+def _write_sources(folder: Path, corpus: str, files: dict[str, Any], extra: dict[str, Any]) -> None:
+    path = folder / SOURCES_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"corpus": corpus, **extra, "files": files}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def resolve_mirror(params: DownloadParams) -> str | None:
+    """The mirror to use: ``$HIERTX_MIRROR`` if set, else the ``download.mirror`` param."""
+    return os.environ.get(MIRROR_ENV) or params.mirror
+
+
+def _fetch_source(
+    file: SourceFile,
+    folder: Path,
+    recorded: dict[str, Any] | None,
+    params: DownloadParams,
+    progress: bool,
+) -> _Record:
+    dest = folder / file.path
+    tofu = recorded.get("sha256") if recorded and recorded.get("url") == file.url else None
+    expected = file.sha256 or tofu
+    fresh = False
+    if not (dest.is_file() and expected is not None and sha256_file(dest) == expected.lower()):
+        if expected is None:
+            warnings.warn(
+                f"{file.url} has no pinned sha256: trusting it on first use and recording its "
+                f"digest in {folder / SOURCES_FILE}",
+                stacklevel=4,
+            )
+        fetch(
+            file.url,
+            dest,
+            sha256=expected,
+            mirror=resolve_mirror(params),
+            retries=params.retries,
+            timeout=params.timeout_s,
+            progress=progress,
+            mirror_path=file.mirror_path,
+        )
+        fresh = True
+    digest = expected.lower() if expected else sha256_file(dest)
+    extracted: tuple[str, ...] = ()
+    if file.extract:
+        previous = tuple(recorded.get("extracted", ())) if recorded and not fresh else ()
+        if previous and all((dest.parent / name).exists() for name in previous):
+            extracted = previous
+        else:
+            extracted = tuple(extract(dest, dest.parent))
+    return _Record(file.url, digest, dest.stat().st_size, file.sha256 is not None, extracted)
+
+
+def _copy_bundled(spec: CorpusSpec, folder: Path) -> dict[str, Any]:
+    assert spec.bundled is not None
+    source = spec.bundled()
+    dest = folder / source.name
+    digest = sha256_file(source)
+    if not (dest.is_file() and sha256_file(dest) == digest):
+        part = dest.with_name(dest.name + ".part")
+        shutil.copyfile(source, part)
+        os.replace(part, dest)
+    version = metadata.version(spec.package) if spec.package else "unknown"
+    record = _Record(f"pypi:{spec.package}=={version}", digest, dest.stat().st_size, True)
+    return {source.name: record.to_json()}
+
+
+def download_spec(
+    spec: CorpusSpec, dest_dir: str | Path, params: DownloadParams, progress: bool = True
+) -> Path:
+    """``download_corpus`` for a spec that need not be in the registry."""
+    folder = Path(dest_dir) / spec.name
+    folder.mkdir(parents=True, exist_ok=True)
+    extra: dict[str, Any] = {}
+    if spec.bundled is not None:
+        files = _copy_bundled(spec, folder)
+        extra["package"] = spec.package
+    else:
+        recorded = _read_sources(folder)
+        files = dict(recorded)
+        failures: list[str] = []
+        for file in spec.files:
+            # Go on past a failure, so an offline user learns every missing file at once.
+            try:
+                record = _fetch_source(file, folder, recorded.get(file.path), params, progress)
+            except DownloadError as err:
+                failures.append(str(err))
+                continue
+            files[file.path] = record.to_json()
+            # Written after each file, so an interrupted run keeps what it verified.
+            _write_sources(folder, spec.name, files, extra)
+        if failures:
+            listed = "".join(f"\n  - {failure}" for failure in failures)
+            count = f"{len(failures)} of {len(spec.files)}"
+            raise DownloadError(f"corpus {spec.name!r}: {count} files failed:{listed}")
+    _write_sources(folder, spec.name, files, extra)
+    return folder
+
+
+def download_corpus(
+    name: str, dest_dir: str | Path, params: DownloadParams, progress: bool = True
+) -> Path:
+    """Fetch, verify and extract every file of corpus ``name`` into ``<dest_dir>/<name>/``.
+
+    Files already there and matching their (pinned or recorded) sha256 are not fetched
+    again. ``chitchat`` copies the installed package's ``dataset.json`` (no network).
+    Returns the corpus folder, which ``read_corpus(name, root=...)`` reads.
+    """
+    return download_spec(corpus_spec(name), dest_dir, params, progress)

@@ -1,0 +1,67 @@
+"""Flat histories -> utterance grids, for models that encode utterance by utterance
+(HRED family, Highway Recurrent Transformer, hierarchical LSTM rankers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from pipeline.data.batch import History
+
+
+@dataclass(frozen=True)
+class Utterances:
+    """A history split into utterances: ``ids``/``mask``/``speaker`` ``[B, U, Lu]``
+    (utterance i of example b in slot ``[b, i]``, its tokens left-aligned),
+    ``knowledge`` ``[B, U, Lu, K]`` or None, ``count`` ``[B]`` utterances per example."""
+
+    ids: Tensor
+    mask: Tensor
+    speaker: Tensor
+    knowledge: Tensor | None
+    count: Tensor
+
+    @property
+    def utt_mask(self) -> Tensor:
+        """``[B, U]``: True for real utterances."""
+        return self.mask.any(-1)
+
+
+def split_utterances(history: History, knowledge: Tensor | None = None) -> Utterances:
+    """Scatter the flat history into ``[B, U, Lu]`` using ``utt_index``/``utt_pos``.
+
+    One scatter per batch; U and Lu are the batch maxima; a row without real tokens gets no
+    utterance. Raises ``ValueError`` if two real tokens claim the same (utterance, position)
+    slot or a row's utterance numbers skip a value (the batch contract numbers them 0, 1, ...).
+    """
+    real = history.input_mask
+    b, length = real.shape
+    n_real = int(real.sum())
+    n_utt = int(history.utt_index[real].max()) + 1 if n_real else 1
+    utt_len = int(history.utt_pos[real].max()) + 1 if n_real else 1
+    rows = torch.arange(b, device=real.device)[:, None].expand(b, length)[real]
+    slot = (rows * n_utt + history.utt_index[real]) * utt_len + history.utt_pos[real]
+
+    def scatter(values: Tensor) -> Tensor:
+        out = values.new_zeros((b * n_utt * utt_len, *values.shape[2:]))
+        out[slot] = values[real]
+        return out.view(b, n_utt, utt_len, *values.shape[2:])
+
+    mask = scatter(real)
+    if int(mask.sum()) != n_real:
+        raise ValueError(
+            "history: utt_index/utt_pos place two real tokens in the same slot; "
+            "they must number utterances and positions within them uniquely"
+        )
+    count = torch.where(real, history.utt_index + 1, 0).amax(-1) if length else real.new_zeros(b)
+    if not torch.equal(mask.any(-1).sum(1), count.to(torch.long)):
+        raise ValueError("history.utt_index: utterances must be numbered 0, 1, ... without gaps")
+    return Utterances(
+        ids=scatter(history.input_ids),
+        mask=mask,
+        speaker=scatter(history.speaker),
+        knowledge=None if knowledge is None else scatter(knowledge),
+        count=count,
+    )

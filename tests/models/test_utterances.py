@@ -1,0 +1,63 @@
+"""split_utterances: flat history -> [B, U, Lu] grid, exactly and with clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID, SPEAKER_OTHER
+from pipeline.models.utterances import split_utterances
+from tests.batches import make_history, random_generate_batch
+
+
+def test_by_hand() -> None:
+    history = make_history(
+        [[[BOS_ID, 7, EOS_ID], [BOS_ID, 8, 9, EOS_ID]], [[BOS_ID, 5, EOS_ID]]],
+        [[2, 1], [2]],
+    )
+    utt = split_utterances(history)
+    assert utt.ids.tolist() == [
+        [[BOS_ID, 7, EOS_ID, PAD_ID], [BOS_ID, 8, 9, EOS_ID]],
+        [[BOS_ID, 5, EOS_ID, PAD_ID], [PAD_ID] * 4],
+    ]
+    assert torch.equal(utt.mask, utt.ids != PAD_ID)
+    assert utt.utt_mask.tolist() == [[True, True], [True, False]]
+    assert utt.count.tolist() == [2, 1]
+    assert utt.speaker[0, :, 0].tolist() == [2, 1]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_round_trip(seed: int) -> None:
+    h = random_generate_batch(5, 40, max_utterances=5, seed=seed).history
+    utt = split_utterances(h)
+    real = h.input_mask
+    rows = torch.arange(5)[:, None].expand_as(real)
+    back = utt.ids[rows[real], h.utt_index[real], h.utt_pos[real]]
+    assert torch.equal(back, h.input_ids[real])
+    assert int(utt.mask.sum()) == int(real.sum())
+    for b in range(5):
+        for i in range(int(utt.count[b])):
+            tokens = h.input_ids[b][real[b] & (h.utt_index[b] == i)]
+            assert utt.ids[b, i][utt.mask[b, i]].tolist() == tokens.tolist()
+        assert not utt.mask[b, int(utt.count[b]) :].any()
+
+
+def test_knowledge_features_follow_their_tokens() -> None:
+    h = random_generate_batch(3, 40, seed=4).history
+    knowledge = torch.stack([h.input_ids.float(), -h.input_ids.float()], dim=-1)
+    utt = split_utterances(h, knowledge)
+    assert torch.equal(utt.knowledge[..., 0], utt.ids.float())
+
+
+def test_rejects_gaps_and_clashes_and_allows_empty_rows() -> None:
+    h = make_history([[[BOS_ID, 7, EOS_ID], [BOS_ID, 8, EOS_ID]]], [[2, 1]])
+    gap = dataclasses.replace(h, utt_index=torch.where(h.utt_index == 1, 2, h.utt_index))
+    with pytest.raises(ValueError, match="utt_index"):
+        split_utterances(gap)
+    one = make_history([[[BOS_ID, 7, EOS_ID]]], [[SPEAKER_OTHER]])
+    with pytest.raises(ValueError, match="same slot"):
+        split_utterances(dataclasses.replace(one, utt_pos=torch.zeros_like(one.utt_pos)))
+    empty = dataclasses.replace(h, input_ids=h.input_ids * 0, input_mask=h.input_mask & False)
+    assert not split_utterances(empty).utt_mask.any()
