@@ -1,0 +1,475 @@
+"""MultiWOZ context-to-response metrics: Inform, Success, Entity-F1, Combined (HIER paper).
+
+Inform and Success follow the official evaluator (``evaluate.py`` of budzianowski/multiwoz,
+``MultiWozEvaluator._evaluateGeneratedDialogue``), reading the entities from the release's
+``db/*_db.json`` files, the user goal from ``Dialogue.meta["goal"]`` and the ground-truth
+belief state from the system turns (``Turn.belief``). For one dialogue, given one generated
+delexicalised response per system turn:
+
+- Goal: every domain of restaurant, hotel, attraction, train, taxi, police, hospital whose
+  goal is non-empty. Its requested slots are the goal's ``reqt`` among phone, address,
+  postcode, reference, id, plus ``reference`` when the goal books something; for trains only
+  ``id`` (if ``trainID`` is requested) and ``reference`` (if booked).
+- Offered venue: when a response mentions ``[<domain>_name]`` (for trains ``[train_id]``),
+  the DB is queried with that turn's belief state of the domain (informable slots only;
+  ``leaveAt`` means "leaves after", ``arriveBy`` "arrives before", other slots equality;
+  ``dontcare`` values ignored). The offered venue becomes the FIRST match in DB order, unless
+  the previously offered venue still matches (the official code draws a random match: ours
+  is deterministic). No match leaves the offer unchanged.
+- Inform (per dialogue): every goal domain is informed. A restaurant/hotel/attraction/
+  train domain is informed if its offered venue is among the DB entities satisfying the
+  goal's ``info`` constraints, or automatically if the goal names the venue, or (trains)
+  if nothing was offered and no train id was requested. Taxi, police and hospital always
+  count as informed.
+- Success (per dialogue): Inform, and for every goal domain every requested slot has its
+  placeholder (``[<domain>_<slot>]``) in some response of the dialogue.
+
+Corpus Inform/Success are percentages of dialogues; Combined = BLEU + 0.5 (Inform +
+Success), all on a 0-100 scale.
+
+Placeholders are ``[domain_slot]`` tokens. Both delexicalisation schemes in use are read:
+the official one (``[hotel_address]``, ``[hotel_postcode]``, ``[hotel_reference]``) and the
+act-based one of ``pipeline.data.examples.delexicalize`` (``[hotel_addr]``, ``[hotel_post]``,
+``[train_ref]``, and ``[booking_ref]``/``[booking_name]`` from ``Booking-*`` acts).
+
+Deviations from the official evaluator, each deliberate:
+
+- deterministic venue choice (above) instead of ``random.sample``;
+- a ``[train_id]`` only offers a train; the official code's ``'_id' in sentence`` test made
+  any ``*_id`` placeholder offer a venue of EVERY goal domain;
+- a reference counts whenever its placeholder appears; the official code also checked the
+  preprocessed data's DB pointer, which the raw releases do not carry;
+- ``[booking_*]`` placeholders (the act-based scheme has no domain on booking acts) count
+  for the goal domain(s) whose booking slots in the belief state changed most recently at
+  or before that turn (the active booking domain);
+- DB values are compared case- and space-insensitively, and times like ``9:15`` are
+  zero-padded before the official string comparison.
+
+Entity-F1 (Wen et al. 2017, as reported by HIER) is micro-averaged over responses: for each
+generated/reference pair the SETS of placeholders are compared, and true positives, false
+positives and false negatives are summed over the corpus before precision, recall and F1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.data.dialogue import Dialogue
+from pipeline.data.vocab import is_placeholder, word_tokenize
+from pipeline.errors import DataError
+from pipeline.eval.text import corpus_bleu
+
+GOAL_DOMAINS = ("restaurant", "hotel", "attraction", "train", "taxi", "police", "hospital")
+DB_DOMAINS = ("restaurant", "hotel", "attraction", "train")
+REQUESTABLES = ("phone", "address", "postcode", "reference", "id")
+BOOKING = "booking"
+SYSTEM = "system"
+
+# Placeholder slot names meaning each requestable: official scheme first, then act names.
+_SLOT_NAMES = {
+    "phone": frozenset({"phone"}),
+    "address": frozenset({"address", "addr"}),
+    "postcode": frozenset({"postcode", "post"}),
+    "reference": frozenset({"reference", "ref"}),
+    "id": frozenset({"id", "trainid"}),
+}
+_DONT_CARE = frozenset({"", "dontcare", "dont care", "don't care", "do n't care", "not mentioned"})
+_TIME_RE = re.compile(r"^(\d{1,2}):(\d{2})$")
+_AFTER, _BEFORE = "leaveat", "arriveby"
+
+
+def _norm(value: object) -> str:
+    text = " ".join(str(value).lower().split())
+    time = _TIME_RE.match(text)
+    return f"{int(time.group(1)):02d}:{time.group(2)}" if time else text
+
+
+# --------------------------------------------------------------------------- database
+
+
+class MultiWozDB:
+    """The venues of the DB domains, in file order, queried like the official SQL."""
+
+    def __init__(self, entities: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        missing = [d for d in DB_DOMAINS if d not in entities]
+        if missing:
+            raise ValueError(f"MultiWozDB: no entities for {missing}")
+        self.entities = {d: tuple(entities[d]) for d in DB_DOMAINS}
+        # normalised attribute values, keys lower-cased ("leaveAt" -> "leaveat")
+        self._rows = {
+            d: tuple(
+                {k.lower(): _norm(v) for k, v in e.items() if not isinstance(v, dict | list)}
+                for e in rows
+            )
+            for d, rows in self.entities.items()
+        }
+        self._index: dict[str, dict[tuple[str, str], set[int]]] = {}
+        for domain, rows in self._rows.items():
+            index = self._index[domain] = {}
+            for i, row in enumerate(rows):
+                for item in row.items():
+                    index.setdefault(item, set()).add(i)
+        self._cache: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, ...]] = {}
+
+    @classmethod
+    def load(cls, path: str | Path) -> MultiWozDB:
+        """Read ``<domain>_db.json`` from ``path`` (the release's ``db/`` folder, or a folder
+        holding ``db/``)."""
+        folder = Path(path)
+        if (folder / "db").is_dir():
+            folder = folder / "db"
+        entities: dict[str, list[dict[str, Any]]] = {}
+        for domain in DB_DOMAINS:
+            file = folder / f"{domain}_db.json"
+            if not file.is_file():
+                raise DataError(
+                    file, "MultiWOZ database file missing; run the download stage (db/ folder)"
+                )
+            try:
+                rows = json.loads(file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise DataError(file, f"invalid JSON: {err.msg}", err.lineno) from None
+            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                raise DataError(file, "expected a JSON list of entity objects")
+            entities[domain] = rows
+        return cls(entities)
+
+    def query(self, domain: str, constraints: Mapping[str, str]) -> list[int]:
+        """Indices (DB order) of the ``domain`` entities meeting ``constraints``.
+
+        ``leaveAt`` keeps entities leaving after the value, ``arriveBy`` those arriving
+        before it (string comparison of ``HH:MM``), other slots must be equal; don't-care
+        values are ignored. A slot the domain's entities lack matches nothing (the official
+        SQL query fails and returns no venue).
+        """
+        if domain not in self._rows:
+            raise ValueError(f"query: {domain!r} has no database (one of {DB_DOMAINS})")
+        tests = tuple(
+            sorted(
+                (slot.lower(), _norm(value))
+                for slot, value in constraints.items()
+                if _norm(value) not in _DONT_CARE
+            )
+        )
+        key = (domain, tests)
+        if key not in self._cache:  # belief states repeat from turn to turn
+            self._cache[key] = self._select(domain, tests)
+        return list(self._cache[key])
+
+    def _select(self, domain: str, tests: Sequence[tuple[str, str]]) -> tuple[int, ...]:
+        rows = self._rows[domain]
+        # equality tests first, through the per-attribute index; ranges on the survivors
+        found: set[int] | None = None
+        for slot, value in tests:
+            if slot not in (_AFTER, _BEFORE):
+                hits = self._index[domain].get((slot, value), set())
+                found = hits if found is None else found & hits
+        candidates = range(len(rows)) if found is None else sorted(found)
+        ranges = [(slot, value) for slot, value in tests if slot in (_AFTER, _BEFORE)]
+        return tuple(i for i in candidates if _in_range(rows[i], ranges))
+
+
+def _in_range(row: Mapping[str, str], ranges: Sequence[tuple[str, str]]) -> bool:
+    for slot, value in ranges:
+        have = row.get(slot)
+        if have is None or not (have > value if slot == _AFTER else have < value):
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------- goals
+
+
+@dataclass(frozen=True)
+class DomainGoal:
+    """One domain of a user goal: informable constraints, requested slots, booking."""
+
+    domain: str
+    informable: dict[str, str]
+    requestable: frozenset[str]
+    books: bool
+
+    @property
+    def names_venue(self) -> bool:
+        """The goal gives the venue's name, so whatever is offered matches (official rule)."""
+        return "name" in self.informable
+
+
+def parse_goal(goal: Mapping[str, Any]) -> dict[str, DomainGoal]:
+    """The goal domains of a MultiWOZ ``goal`` object, as the official ``_parseGoal``."""
+    domains: dict[str, DomainGoal] = {}
+    for domain in GOAL_DOMAINS:
+        spec = goal.get(domain)
+        if not spec:
+            continue
+        if not isinstance(spec, Mapping):
+            raise ValueError(f"goal[{domain!r}]: expected an object, got {type(spec).__name__}")
+        info = spec.get("info")
+        requested: set[str] = set()
+        books = bool(spec.get("book"))
+        if info is not None:
+            reqt = spec.get("reqt") or []
+            if domain == "train":
+                if "trainID" in reqt:
+                    requested.add("id")
+            else:
+                requested.update(r for r in reqt if r in REQUESTABLES)
+            if books:
+                requested.add("reference")
+        informable = {str(k): str(v) for k, v in (info or {}).items()}
+        domains[domain] = DomainGoal(domain, informable, frozenset(requested), books)
+    return domains
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def placeholders(text: str) -> list[str]:
+    """The ``[domain_slot]`` placeholders of ``text``, in order (``[hotel_name]``)."""
+    return [w for w in word_tokenize(text) if is_placeholder(w)]
+
+
+def _split(placeholder: str) -> tuple[str, str]:
+    domain, _, slot = placeholder[1:-1].partition("_")
+    return domain, slot
+
+
+def _domain_beliefs(belief: Mapping[str, str] | None) -> dict[str, dict[str, dict[str, str]]]:
+    """``{"hotel-area": "x", "hotel-book day": "y"}`` -> ``{hotel: {semi: {..}, book: {..}}}``."""
+    out: dict[str, dict[str, dict[str, str]]] = {}
+    for key, value in (belief or {}).items():
+        domain, _, slot = key.partition("-")
+        part = "book" if slot.startswith("book ") else "semi"
+        slot = slot.removeprefix("book ")
+        out.setdefault(domain, {"semi": {}, "book": {}})[part][slot] = value
+    return out
+
+
+def _booking_domains(beliefs: Sequence[dict[str, dict[str, dict[str, str]]]]) -> list[set[str]]:
+    """Per system turn, the domains whose booking slots changed most recently (at or before)."""
+    active: list[set[str]] = []
+    current: set[str] = set()
+    previous: dict[str, dict[str, dict[str, str]]] = {}
+    for state in beliefs:
+        changed = {
+            d
+            for d in set(state) | set(previous)
+            if state.get(d, {}).get("book", {}) != previous.get(d, {}).get("book", {})
+            and state.get(d, {}).get("book")
+        }
+        if changed:
+            current = changed
+        active.append(set(current))
+        previous = state
+    return active
+
+
+@dataclass(frozen=True)
+class DomainOutcome:
+    """What one goal domain got: its offered venue (DB index or None), informed, slots."""
+
+    domain: str
+    offered: int | None
+    informed: bool
+    requested: frozenset[str]
+    provided: frozenset[str]
+
+    @property
+    def succeeded(self) -> bool:
+        return self.informed and self.requested <= self.provided
+
+
+@dataclass(frozen=True)
+class DialogueOutcome:
+    """Inform and Success of one dialogue, with the per-domain detail."""
+
+    dialogue_id: str
+    inform: bool
+    success: bool
+    domains: tuple[DomainOutcome, ...]
+
+
+def system_turns(dialogue: Dialogue) -> list[int]:
+    """Indices of the system turns of ``dialogue`` (those the model responds in)."""
+    return [i for i, t in enumerate(dialogue.turns) if t.speaker == SYSTEM]
+
+
+def _informed(goal: DomainGoal, venue: int | None, db: MultiWozDB) -> bool:
+    """Whether a domain's offered ``venue`` meets its goal (official rules, module docstring)."""
+    if goal.domain not in DB_DOMAINS or goal.names_venue:
+        return True
+    if goal.domain == "train" and venue is None:
+        # nothing to check when the user needs no particular train (no id requested)
+        return "id" not in goal.requestable
+    return venue is not None and venue in db.query(goal.domain, goal.informable)
+
+
+def evaluate_dialogue(
+    dialogue: Dialogue, responses: Sequence[str], db: MultiWozDB
+) -> DialogueOutcome:
+    """Inform and Success of the generated ``responses`` (one per system turn, in order)."""
+    turns = [dialogue.turns[i] for i in system_turns(dialogue)]
+    if isinstance(responses, str) or len(responses) != len(turns):
+        got = "one string" if isinstance(responses, str) else f"{len(responses)} responses"
+        raise ValueError(
+            f"dialogue {dialogue.id!r}: {got} for {len(turns)} system turns; "
+            "give one generated response per system turn"
+        )
+    goal = parse_goal(dialogue.meta.get("goal") or {})
+    beliefs = [_domain_beliefs(t.belief) for t in turns]
+    booking = _booking_domains(beliefs)
+    offered: dict[str, int | None] = dict.fromkeys(goal)
+    provided: dict[str, set[str]] = {d: set() for d in goal}
+    for t, response in enumerate(responses):
+        mentions: set[tuple[str, str]] = set()
+        for placeholder in placeholders(response):
+            domain, slot = _split(placeholder)
+            targets = booking[t] if domain == BOOKING else {domain}
+            mentions.update((d, slot) for d in targets)
+        for domain in goal:
+            slots = {s for d, s in mentions if d == domain}
+            offers = "name" in slots or (domain == "train" and "id" in slots)
+            if offers and domain in DB_DOMAINS:
+                semi = beliefs[t].get(domain, {}).get("semi", {})
+                venues = db.query(domain, semi)
+                if venues and offered[domain] not in venues:
+                    offered[domain] = venues[0]
+            for requestable, names in _SLOT_NAMES.items():
+                if slots & names:
+                    provided[domain].add(requestable)
+    outcomes = tuple(
+        DomainOutcome(
+            domain,
+            offered[domain],
+            _informed(spec, offered[domain], db),
+            spec.requestable,
+            frozenset(provided[domain]),
+        )
+        for domain, spec in goal.items()
+    )
+    inform = all(o.informed for o in outcomes)
+    success = inform and all(o.succeeded for o in outcomes)
+    return DialogueOutcome(dialogue.id, inform, success, tuple(outcomes))
+
+
+@dataclass(frozen=True)
+class InformSuccess:
+    """Corpus Inform and Success rates (percent of dialogues) and each dialogue's outcome."""
+
+    inform: float
+    success: float
+    outcomes: tuple[DialogueOutcome, ...]
+
+
+def inform_success(
+    dialogues: Sequence[Dialogue], responses: Mapping[str, Sequence[str]], db: MultiWozDB
+) -> InformSuccess:
+    """Inform and Success rates over the dialogues that have responses.
+
+    ``responses`` maps a dialogue id to its generated responses (one per system turn). Every
+    id must name one of ``dialogues``; dialogues without responses are not scored.
+    """
+    by_id = {d.id: d for d in dialogues}
+    unknown = sorted(set(responses) - set(by_id))
+    if unknown:
+        raise ValueError(f"responses for unknown dialogues {unknown[:5]} ({len(unknown)} in all)")
+    if not responses:
+        raise ValueError("inform_success: no responses to score")
+    outcomes = tuple(evaluate_dialogue(by_id[i], responses[i], db) for i in responses)
+    n = len(outcomes)
+    return InformSuccess(
+        inform=100.0 * sum(o.inform for o in outcomes) / n,
+        success=100.0 * sum(o.success for o in outcomes) / n,
+        outcomes=outcomes,
+    )
+
+
+# --------------------------------------------------------------------------- entity F1
+
+
+@dataclass(frozen=True)
+class EntityF1:
+    """Micro-averaged placeholder precision, recall and F1 (fractions in [0, 1])."""
+
+    precision: float
+    recall: float
+    f1: float
+
+
+def entity_f1(hyps: Sequence[str], refs: Sequence[str] | None) -> EntityF1:
+    """Entity-F1 of generated vs reference responses (module docstring); 0 where undefined.
+
+    ``refs`` may only be None to fit ``stats.paired_bootstrap``; it is required.
+    """
+    if refs is None:
+        raise ValueError("entity_f1: references are required")
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    tp = fp = fn = 0
+    for hyp, ref in zip(hyps, refs, strict=True):
+        h, r = set(placeholders(hyp)), set(placeholders(ref))
+        tp += len(h & r)
+        fp += len(h - r)
+        fn += len(r - h)
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return EntityF1(precision, recall, f1)
+
+
+def combined_score(bleu: float, inform: float, success: float) -> float:
+    """HIER's overall score: ``BLEU + 0.5 * (Inform + Success)``, all on a 0-100 scale."""
+    return bleu + 0.5 * (inform + success)
+
+
+@dataclass(frozen=True)
+class MultiWozScores:
+    """The HIER paper's columns, all 0-100: BLEU, Entity-F1, Inform, Success, Combined."""
+
+    bleu: float
+    entity_f1: float
+    inform: float
+    success: float
+    combined: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def multiwoz_scores(
+    dialogues: Sequence[Dialogue],
+    responses: Mapping[str, Sequence[str]],
+    references: Mapping[str, Sequence[str]],
+    db: MultiWozDB,
+    tokenize: str = "none",
+) -> MultiWozScores:
+    """Every MultiWOZ metric of generated ``responses`` against delexicalised ``references``.
+
+    Both map dialogue ids to one text per system turn. BLEU is sacrebleu corpus BLEU over
+    all turns (``tokenize="none"``: the texts are already tokenised, placeholders whole).
+    """
+    if set(references) != set(responses):
+        raise ValueError("responses and references must cover the same dialogue ids")
+    hyps: list[str] = []
+    refs: list[str] = []
+    for did, generated in responses.items():
+        if len(references[did]) != len(generated):
+            raise ValueError(
+                f"dialogue {did!r}: {len(generated)} responses, {len(references[did])} references"
+            )
+        hyps.extend(generated)
+        refs.extend(references[did])
+    rates = inform_success(dialogues, responses, db)
+    bleu = corpus_bleu(hyps, refs, tokenize=tokenize)
+    return MultiWozScores(
+        bleu=bleu,
+        entity_f1=100.0 * entity_f1(hyps, refs).f1,
+        inform=rates.inform,
+        success=rates.success,
+        combined=combined_score(bleu, rates.inform, rates.success),
+    )

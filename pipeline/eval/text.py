@@ -1,0 +1,280 @@
+"""Metrics on generated text: the ChatEval set (U-Net paper) and BLEU (HIER paper).
+
+Texts are compared as whitespace-separated words: the pipeline's word vocabulary decodes
+to exactly that (``Vocab.decode`` joins tokens with single spaces), so the words counted
+here are the model's tokens. An empty line has no words (ChatEval's ``split(' ')`` would
+count one empty word).
+
+ChatEval (Sedoc et al. 2019, https://chateval.org), definitions as in its code:
+
+- average length: mean number of words per response;
+- distinct-1: unique words / total words;
+- distinct-2: unique bigrams (taken within lines, never across a line break) / total
+  WORDS. ChatEval divides by words, not by bigrams; so do we, to be comparable. (The U-Net
+  authors' code computed distinct-n differently; DESIGN.md, "Known defects".)
+
+Embedding metrics (Liu et al. 2016, "How NOT to evaluate your dialogue system"; ChatEval
+runs Serban et al.'s ``embedding_metrics.py``), per response/reference pair, then averaged:
+
+- embedding average: cosine between the SUMS of the two sides' word vectors (the same as
+  the cosine of the means);
+- embedding extrema: per dimension, the value of largest magnitude over the words (ties go
+  to the positive value), then the cosine of the two extrema vectors;
+- greedy matching: each word of one side is matched to its most cosine-similar word on
+  the other side, the similarities are averaged, and the two directions are averaged.
+  (Serban's script takes raw dot products here; Liu et al. define cosine, which we use.)
+
+Words without a vector are skipped. If either side then has no word left, the pair scores
+0. (Serban's script drops pairs whose REFERENCE has no known word from the average; we keep
+every pair so that all systems are averaged over the same test set.)
+
+BLEU is sacrebleu's (corpus BLEU, and sentence BLEU with effective order for per-example
+use). HIER computed BLEU with the start token still in the text; ``strip_special`` removes
+``<pad> <bos> <eos> <sep>`` first (``<unk>`` is a real output word and stays). sacrebleu's
+default ``13a`` tokenizer is right for detokenised text; for pre-tokenised delexicalised
+MultiWOZ text, ``tokenize="none"`` splits on spaces only, like the official MultiWOZ scorer
+(``13a`` would cut ``[hotel_name]`` into three tokens).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import cache
+from typing import Protocol
+
+import numpy as np
+import sacrebleu
+from numpy.typing import ArrayLike
+
+from pipeline.data.special import SPECIAL_TOKENS, UNK
+
+DEFAULT_TOKENIZE = "13a"
+_STRIPPED = tuple(t for t in SPECIAL_TOKENS if t != UNK)
+_SPECIAL_RE = re.compile("|".join(re.escape(t) for t in _STRIPPED))
+
+
+class Vectors(Protocol):
+    """Word -> vector lookup: a gensim ``KeyedVectors`` or a plain ``dict``."""
+
+    def __contains__(self, word: object, /) -> bool: ...
+
+    def __getitem__(self, word: str, /) -> ArrayLike: ...
+
+
+def words(line: str) -> list[str]:
+    """The words of a line: its whitespace-separated tokens."""
+    return line.split()
+
+
+def _check_lines(lines: Sequence[str], name: str = "lines") -> None:
+    if isinstance(lines, str):
+        raise TypeError(f"{name}: expected a sequence of lines, got one string")
+    if len(lines) == 0:
+        raise ValueError(f"{name}: no lines")
+
+
+def _check_pairs(hyps: Sequence[str], refs: Sequence[str]) -> None:
+    _check_lines(hyps, "hyps")
+    _check_lines(refs, "refs")
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+
+
+# --------------------------------------------------------------------------- length/diversity
+
+
+def average_length(lines: Sequence[str]) -> float:
+    """Mean number of words per line."""
+    _check_lines(lines)
+    return sum(len(words(line)) for line in lines) / len(lines)
+
+
+def distinct_n(lines: Sequence[str], n: int) -> float:
+    """ChatEval distinct-n: unique within-line n-grams / total words (0 if no words)."""
+    _check_lines(lines)
+    if n < 1:
+        raise ValueError(f"n: must be >= 1, got {n}")
+    grams: set[tuple[str, ...]] = set()
+    total = 0
+    for line in lines:
+        tokens = words(line)
+        total += len(tokens)
+        grams.update(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+    return len(grams) / total if total else 0.0
+
+
+def distinct_1(lines: Sequence[str]) -> float:
+    """Unique words / total words."""
+    return distinct_n(lines, 1)
+
+
+def distinct_2(lines: Sequence[str]) -> float:
+    """Unique within-line bigrams / total words (ChatEval's denominator)."""
+    return distinct_n(lines, 2)
+
+
+# --------------------------------------------------------------------------- embeddings
+
+
+def _matrix(tokens: Sequence[str], vectors: Vectors) -> np.ndarray:
+    """Vectors of the known ``tokens``, ``[k, d]`` float64 (``k`` may be 0)."""
+    rows = [np.asarray(vectors[w], dtype=np.float64) for w in tokens if w in vectors]
+    return np.stack(rows) if rows else np.zeros((0, 0))
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b) / norm if norm > 0 else 0.0
+
+
+def _unit_rows(m: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(m, axis=1, keepdims=True)
+    return np.divide(m, norms, out=np.zeros_like(m), where=norms > 0)
+
+
+def _extrema(m: np.ndarray) -> np.ndarray:
+    high, low = m.max(0), m.min(0)
+    return np.where(np.abs(low) > high, low, high)
+
+
+def embedding_average(hyp: str, ref: str, vectors: Vectors) -> float:
+    """Cosine between the summed word vectors of ``hyp`` and ``ref`` (0 if a side is empty)."""
+    x, y = _matrix(words(hyp), vectors), _matrix(words(ref), vectors)
+    if not len(x) or not len(y):
+        return 0.0
+    return _cosine(x.sum(0), y.sum(0))
+
+
+def embedding_extrema(hyp: str, ref: str, vectors: Vectors) -> float:
+    """Cosine between the vector extrema (per-dimension value of largest magnitude)."""
+    x, y = _matrix(words(hyp), vectors), _matrix(words(ref), vectors)
+    if not len(x) or not len(y):
+        return 0.0
+    return _cosine(_extrema(x), _extrema(y))
+
+
+def greedy_matching(hyp: str, ref: str, vectors: Vectors) -> float:
+    """Symmetric greedy matching: mean over both directions of the mean best word cosine."""
+    x, y = _matrix(words(hyp), vectors), _matrix(words(ref), vectors)
+    if not len(x) or not len(y):
+        return 0.0
+    sims = _unit_rows(x) @ _unit_rows(y).T
+    return float((sims.max(1).mean() + sims.max(0).mean()) / 2.0)
+
+
+@dataclass(frozen=True)
+class EmbeddingScores:
+    """Per-example embedding metrics, each ``[N]`` float64 (for means and bootstraps)."""
+
+    average: np.ndarray
+    extrema: np.ndarray
+    greedy: np.ndarray
+
+
+def embedding_scores(hyps: Sequence[str], refs: Sequence[str], vectors: Vectors) -> EmbeddingScores:
+    """The three embedding metrics of every (hypothesis, reference) pair."""
+    _check_pairs(hyps, refs)
+    pairs = list(zip(hyps, refs, strict=True))
+    return EmbeddingScores(
+        average=np.array([embedding_average(h, r, vectors) for h, r in pairs]),
+        extrema=np.array([embedding_extrema(h, r, vectors) for h, r in pairs]),
+        greedy=np.array([greedy_matching(h, r, vectors) for h, r in pairs]),
+    )
+
+
+@dataclass(frozen=True)
+class ChatEvalScores:
+    """ChatEval metrics of a set of responses (the U-Net paper's Tables 4-5)."""
+
+    avg_length: float
+    distinct_1: float
+    distinct_2: float
+    embedding_average: float
+    embedding_extrema: float
+    greedy_matching: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def chateval(hyps: Sequence[str], refs: Sequence[str], vectors: Vectors) -> ChatEvalScores:
+    """Every ChatEval metric of ``hyps`` (embedding ones against ``refs``, pair by pair)."""
+    scores = embedding_scores(hyps, refs, vectors)
+    return ChatEvalScores(
+        avg_length=average_length(hyps),
+        distinct_1=distinct_1(hyps),
+        distinct_2=distinct_2(hyps),
+        embedding_average=float(scores.average.mean()),
+        embedding_extrema=float(scores.extrema.mean()),
+        greedy_matching=float(scores.greedy.mean()),
+    )
+
+
+# --------------------------------------------------------------------------- BLEU
+
+
+def strip_special(text: str) -> str:
+    """``text`` without ``<pad> <bos> <eos> <sep>`` (``<unk>`` kept), spaces normalised."""
+    return " ".join(_SPECIAL_RE.sub(" ", text).split())
+
+
+@cache
+def _bleu(tokenize: str, sentence: bool = False) -> sacrebleu.BLEU:
+    # force: pipeline text is tokenised on purpose; don't warn about " ." line endings.
+    try:
+        return sacrebleu.BLEU(tokenize=tokenize, effective_order=sentence, force=True)
+    except KeyError:
+        raise ValueError(
+            f"tokenize: unknown sacrebleu tokenizer {tokenize!r} (use '13a', 'none', 'intl', ...)"
+        ) from None
+
+
+def corpus_bleu(
+    hyps: Sequence[str], refs: Sequence[str] | None, tokenize: str = DEFAULT_TOKENIZE
+) -> float:
+    """sacrebleu corpus BLEU (0-100) of ``hyps`` against one reference each.
+
+    Special tokens are stripped from both sides. ``refs`` may only be None to fit
+    ``stats.paired_bootstrap``'s signature; it is required.
+    """
+    if refs is None:
+        raise ValueError("corpus_bleu: references are required")
+    _check_pairs(hyps, refs)
+    hyps = [strip_special(h) for h in hyps]
+    refs = [strip_special(r) for r in refs]
+    return float(_bleu(tokenize).corpus_score(hyps, [refs]).score)
+
+
+def sentence_bleu(hyp: str, ref: str, tokenize: str = DEFAULT_TOKENIZE) -> float:
+    """sacrebleu sentence BLEU (0-100, exp smoothing, effective order) of one pair."""
+    return float(
+        _bleu(tokenize, sentence=True)
+        .sentence_score(strip_special(hyp), [strip_special(ref)])
+        .score
+    )
+
+
+def bleu_stats(
+    hyps: Sequence[str], refs: Sequence[str], tokenize: str = DEFAULT_TOKENIZE
+) -> np.ndarray:
+    """Per-sentence BLEU sufficient statistics ``[N, 10]`` (hyp length, ref length, matched
+    and total 1-4-grams). Summing any subset of rows and calling ``bleu_from_stats`` gives
+    that subset's corpus BLEU, which makes a 1000-sample bootstrap cheap."""
+    _check_pairs(hyps, refs)
+    bleu = _bleu(tokenize)
+    # sacrebleu's own significance tests use this same (underscored) method.
+    rows = bleu._extract_corpus_statistics(
+        [strip_special(h) for h in hyps], [[strip_special(r) for r in refs]]
+    )
+    return np.asarray(rows, dtype=np.int64)
+
+
+def bleu_from_stats(stats: np.ndarray, refs: object = None) -> float:
+    """Corpus BLEU (0-100) from ``bleu_stats`` rows (``[N, 10]``, summed here) or their sum.
+
+    ``refs`` is ignored (it lets the function serve as a ``paired_bootstrap`` metric).
+    """
+    total = stats.sum(0) if stats.ndim == 2 else stats
+    return float(_bleu(DEFAULT_TOKENIZE)._compute_score_from_stats(total.tolist()).score)
