@@ -3,7 +3,8 @@
     python infra/smoke_ddp.py [--workers 2] [--storage /shared/path]
 
 Each worker takes one DDP step of a tiny model on gloo (nccl when GPUs are used) and reports
-its node; the job prints one JSON line: the nodes used and whether the gradients agreed.
+its node; the job prints one line, ``SMOKE {json}``: the nodes used and whether the
+all-reduced gradients agreed.
 Run it against any cluster (RAY_ADDRESS) before a long training run.
 """
 
@@ -12,11 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from pathlib import Path
 
 import ray
 import torch
 from ray import train
-from ray.train import RunConfig, ScalingConfig
+from ray.train import Checkpoint, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer, prepare_model
 
 
@@ -32,13 +34,17 @@ def worker_loop(config: dict) -> None:
     torch.distributed.all_gather_object(
         gathered, {"node": ray.get_runtime_context().get_node_id(), "grad": grad}
     )
-    train.report(
-        {
-            "nodes": sorted({g["node"] for g in gathered}),
-            "grads_agree": all(g["grad"] == gathered[0]["grad"] for g in gathered),
-            "world_size": world,
-        }
-    )
+    metrics = {
+        "nodes": sorted({g["node"] for g in gathered}),
+        "grads_agree": all(g["grad"] == gathered[0]["grad"] for g in gathered),
+        "world_size": world,
+    }
+    # Ray Train V2 keeps the metrics reported with a checkpoint: rank 0 attaches a tiny one.
+    with tempfile.TemporaryDirectory() as folder:
+        if rank == 0:
+            (Path(folder) / "metrics.json").write_text(json.dumps(metrics))
+        checkpoint = Checkpoint.from_directory(folder) if rank == 0 else None
+        train.report(metrics, checkpoint=checkpoint)
 
 
 def main() -> None:
@@ -56,7 +62,7 @@ def main() -> None:
         run_config=RunConfig(name="hiertx-smoke", storage_path=storage),
     )
     result = trainer.fit()
-    print(json.dumps(result.metrics))
+    print("SMOKE " + json.dumps(result.metrics), flush=True)
 
 
 if __name__ == "__main__":
