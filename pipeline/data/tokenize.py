@@ -1,0 +1,217 @@
+"""The tokenize stage's work: raw corpus folder -> vocabulary + example shards + manifest.
+
+``tokenize_corpus`` reads the corpus (``read_corpus``), builds the vocabulary (and, for
+MultiWOZ, the act inventory) from the TRAINING split only, encodes every split once, builds
+the examples of each task the corpus's params ask for, and writes them with
+``shards.write_shards``; the manifest goes last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import CorpusName, CorpusParams, Params, Task, TokenizeParams
+from pipeline.data.corpora import corpus_spec, read_corpus
+from pipeline.data.dialogue import Dialogue
+from pipeline.data.examples import (
+    TRAIN_SPLIT,
+    ActInventory,
+    EncodedDialogue,
+    EncodeOptions,
+    ExampleTable,
+    build_generate,
+    build_lm,
+    build_select,
+    encode_dialogues,
+    vocab_texts,
+)
+from pipeline.data.formats import ParseStats, multiwoz
+from pipeline.data.shards import (
+    ACTS_FILE,
+    MANIFEST_FILE,
+    VOCAB_FILE,
+    Manifest,
+    ShardInfo,
+    write_manifest,
+    write_shards,
+)
+from pipeline.data.splits import Split
+from pipeline.data.vocab import build_vocab
+from pipeline.errors import ConfigError, DataError
+
+SOURCES_FILE = "SOURCES.json"
+_ACT_CORPORA = frozenset({CorpusName.MULTIWOZ.value, "multiwoz21"})
+
+
+def read_splits(
+    name: str, raw_dir: Path | None, params: TokenizeParams, stats: ParseStats
+) -> dict[str, list[Dialogue]]:
+    """The corpus's dialogues by split (train, valid, test order), at most
+    ``max_dialogues`` per split."""
+    corpus = params.corpora[CorpusName(name)]
+    spec = corpus_spec(name)
+    root = raw_dir
+    if spec.bundled is not None and (raw_dir is None or not raw_dir.is_dir()):
+        root = None  # shipped in a package: the raw folder is optional
+    options: dict[str, Any] = {}
+    if "sentences_per_document" in spec.options:
+        options["sentences_per_document"] = corpus.lm.sentences_per_document
+    dialogues = read_corpus(
+        name,
+        root,
+        None,
+        params.on_error,
+        stats=stats,
+        split_params=corpus.split,
+        **options,
+    )
+    by_split: dict[str, list[Dialogue]] = {s.value: [] for s in Split}
+    for d in dialogues:
+        part = by_split.setdefault(str(d.meta.get("split", TRAIN_SPLIT)), [])
+        if corpus.max_dialogues is None or len(part) < corpus.max_dialogues:
+            part.append(d)
+    return by_split
+
+
+def encode_options(name: str, corpus: CorpusParams, train: list[Dialogue]) -> EncodeOptions:
+    """Corpus-specific encoding: MultiWOZ answers as the system, with acts and belief."""
+    if name in _ACT_CORPORA:
+        inventory = ActInventory.from_dialogues(train)
+        return EncodeOptions(multiwoz.SYSTEM, inventory, corpus.generate.delexicalize)
+    return EncodeOptions()
+
+
+def build_examples(
+    task: Task,
+    encoded: list[EncodedDialogue],
+    corpus: CorpusParams,
+    split: str,
+    generated: ExampleTable | None = None,
+) -> ExampleTable:
+    """The ``task`` examples of one split (select reuses the histories of ``generated``)."""
+    if task is Task.GENERATE:
+        return build_generate(encoded, corpus.generate)
+    if task is Task.SELECT:
+        seed = corpus.split.seed
+        return build_select(encoded, corpus.select, corpus.generate, split, seed, generated)
+    return build_lm(encoded, corpus.lm)
+
+
+def _sources(raw_dir: Path | None) -> Any:
+    path = raw_dir / SOURCES_FILE if raw_dir is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
+
+
+@contextmanager
+def _steps(total: int, show: bool) -> Iterator[Callable[[str], None]]:
+    """``advance(description)`` for each step, drawn as a rich progress bar if ``show``."""
+    if not show:
+        yield lambda _: None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, transient=True) as bar:
+        job = bar.add_task("reading", total=total)
+        yield lambda description: bar.update(job, advance=1, description=description)
+
+
+def tokenize_corpus(
+    name: str,
+    raw_dir: str | Path | None,
+    out_dir: str | Path,
+    params: TokenizeParams | Params,
+    progress: bool = False,
+) -> Manifest:
+    """Tokenize corpus ``name`` from ``raw_dir`` into ``out_dir`` (see ``shards.py``).
+
+    ``params``: the ``tokenize`` section (or all of params.yaml). The vocabulary and act
+    inventory come from the training split only; every split gets the examples of every
+    task in ``tokenize.corpora.<name>.tasks``. Malformed records raise, or are skipped and
+    counted with ``tokenize.on_error: skip``. ``raw_dir`` may be None (or missing) for a
+    corpus shipped in a package (chitchat).
+    """
+    if isinstance(params, Params):
+        params = params.tokenize
+    try:
+        corpus = params.corpora[CorpusName(name)]
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"tokenize.corpora.{name}", "no settings for this corpus in params.yaml"
+        ) from None
+    raw = Path(raw_dir) if raw_dir is not None else None
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST_FILE).unlink(missing_ok=True)  # an interrupted run leaves no manifest
+    tasks = tuple(dict.fromkeys(corpus.tasks))
+    stats = ParseStats()
+    with _steps(2 + len(Split) * len(tasks), progress) as advance:
+        by_split = read_splits(name, raw, params, stats)
+        train = by_split.get(TRAIN_SPLIT, [])
+        if not train:
+            where = raw if raw is not None else name
+            raise DataError(where, "no training dialogues: the vocabulary is built from train")
+        advance("vocabulary")
+        options = encode_options(name, corpus, train)
+        reserved = (
+            options.inventory.placeholders if options.delexicalize and options.inventory else ()
+        )
+        vocab = build_vocab(vocab_texts(train, options), corpus.vocab, reserved)
+        vocab.save(out / VOCAB_FILE)
+        if options.inventory is not None:
+            options.inventory.save(out / ACTS_FILE)
+        shards: dict[str, dict[str, list[ShardInfo]]] = {t.value: {} for t in tasks}
+        pools: dict[str, ShardInfo] = {}
+        for split, dialogues in by_split.items():
+            advance(f"encoding {split}")
+            encoded = encode_dialogues(dialogues, vocab, options)
+            generated = None
+            for task in sorted(tasks, key=list(Task).index):  # generate first: select reuses it
+                advance(f"{task.value} {split}")
+                try:
+                    examples = build_examples(task, encoded, corpus, split, generated)
+                except ConfigError as err:
+                    raise ConfigError(f"tokenize.corpora.{name}.{err.key}", err.reason) from None
+                if task is Task.GENERATE:
+                    generated = examples
+                files = write_shards(out, task, split, examples, params.shard_rows)
+                shards[task.value][split] = files.shards
+                if files.pool is not None:
+                    pools[split] = files.pool
+    for stale in Task:
+        if stale not in tasks:
+            for path in (out / stale.value).glob("*.arrow"):
+                path.unlink()
+    inventory = options.inventory
+    manifest = Manifest(
+        corpus=name,
+        vocab_hash=vocab.content_hash,
+        vocab_size=len(vocab),
+        shards=shards,
+        pools=pools,
+        n_acts=len(inventory) if inventory is not None else None,
+        act_names=list(inventory.names) if inventory is not None else None,
+        skipped={
+            "malformed_records": stats.skipped_total,
+            "empty_texts": stats.empty_texts,
+            "single_turn_dialogues": stats.single_turn,
+        },
+        warnings=stats.skip_messages(),
+        sources=_sources(raw),
+        params={
+            "on_error": params.on_error.value,
+            "shard_rows": params.shard_rows,
+            "corpus": corpus.model_dump(mode="json"),
+        },
+    )
+    write_manifest(out, manifest)
+    return manifest

@@ -1,0 +1,74 @@
+"""Stage ``tokenize``: one corpus's raw files -> vocabulary + Arrow example shards.
+
+    python -m stages.tokenize <corpus> [--params params.yaml] [--raw data/raw] [--out data/shards]
+
+Reads ``<raw>/<corpus>/`` and writes ``<out>/<corpus>/`` (``manifest.json``, ``vocab.json``,
+``<task>/<split>-NNNNN.arrow``); ``pipeline.data.tokenize`` does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.config import CorpusName, Params, TokenizeParams, load_params
+from pipeline.data.splits import Split
+from pipeline.data.tokenize import tokenize_corpus
+from pipeline.errors import HiertxError
+
+
+def select_params(params: Params, corpus: str) -> tuple[Any, Any, Any]:
+    """The part of params.yaml this stage reads (``params:`` of ``tokenize`` in dvc.yaml):
+    ``(on_error, shard_rows, corpora[corpus])``."""
+    section = params.tokenize
+    return section.on_error, section.shard_rows, section.corpora[CorpusName(corpus)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpus", choices=[c.value for c in CorpusName])
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--raw", default="data/raw", help="folder holding <corpus>/ raw files")
+    parser.add_argument("--out", default="data/shards", help="folder to write <corpus>/ into")
+    args = parser.parse_args(argv)
+    console = Console(stderr=True)
+    start = time.perf_counter()
+    try:
+        params = load_params(args.params)
+        if CorpusName(args.corpus) not in params.tokenize.corpora:
+            print(f"tokenize {args.corpus}: no tokenize.corpora.{args.corpus} in {args.params}")
+            return 1
+        on_error, shard_rows, corpus = select_params(params, args.corpus)
+        section = TokenizeParams(
+            on_error=on_error, shard_rows=shard_rows, corpora={args.corpus: corpus}
+        )
+        raw, out = Path(args.raw) / args.corpus, Path(args.out) / args.corpus
+        manifest = tokenize_corpus(args.corpus, raw, out, section, progress=console.is_terminal)
+    except HiertxError as err:
+        print(f"tokenize {args.corpus}: {err}", file=sys.stderr)
+        return 1
+    table = Table(title=f"{args.corpus}: examples in {out}")
+    named = {s for by_split in manifest.counts.values() for s in by_split}
+    splits = [s.value for s in Split if s.value in named] + sorted(named - set(Split))
+    table.add_column("task")
+    for split in splits:
+        table.add_column(split, justify="right")
+    for task, by_split in manifest.counts.items():
+        table.add_row(task, *(f"{by_split.get(s, 0):,}" for s in splits))
+    Console().print(table)
+    skipped = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in manifest.skipped.items())
+    print(f"vocabulary {manifest.vocab_size:,} tokens ({manifest.vocab_hash[:12]}); {skipped}")
+    for warning in manifest.warnings:
+        print(f"warning: {warning}")
+    print(f"done in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The tokenize stage end to end: real chitchat, DSTC7 fixtures, error policy, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import Params, Task, TokenizeParams
+from pipeline.data.examples import TRAIN_SPLIT
+from pipeline.data.formats import ParseStats
+from pipeline.data.loader import load_vocab, open_split
+from pipeline.data.shards import MANIFEST_FILE, read_manifest
+from pipeline.data.special import SPECIAL_TOKENS
+from pipeline.data.tokenize import read_splits, tokenize_corpus
+from pipeline.data.vocab import word_tokenize
+from pipeline.errors import ConfigError, DataError
+from stages import tokenize as stage
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def tokenize_params(corpus: str = "chitchat", **settings: object) -> TokenizeParams:
+    return TokenizeParams.model_validate({"corpora": {corpus: settings}})
+
+
+CHITCHAT = {
+    "tasks": ["generate", "select", "lm"],
+    "max_dialogues": 20,
+    "vocab": {"size": 400},
+    "select": {"n_candidates_train": 4, "n_candidates_eval": 10},
+}
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_chitchat_tokenizes_deterministically_with_a_train_only_vocab(tmp_path: Path) -> None:
+    params = tokenize_params(**CHITCHAT)
+    manifest = tokenize_corpus("chitchat", None, tmp_path / "a", params)
+    tokenize_corpus("chitchat", tmp_path / "missing-raw", tmp_path / "b", params)
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")  # same input, same bytes
+
+    splits = read_splits("chitchat", None, params, ParseStats())
+    train = splits[TRAIN_SPLIT]
+    assert len(train) == 20 == len(splits["valid"]) == len(splits["test"])
+    expected = sum(len([t for t in d.turns[1:] if t.text]) for d in train)
+    assert manifest.counts["generate"]["train"] == expected == manifest.counts["select"]["train"]
+    assert manifest.counts["lm"]["train"] >= len(train)
+
+    vocab = load_vocab(tmp_path / "a")
+    train_words = {w for d in train for t in d.turns for w in word_tokenize(t.text)}
+    assert set(vocab.tokens) - set(SPECIAL_TOKENS) <= train_words
+    held_out = {w for s in ("valid", "test") for d in splits[s] for t in d.turns
+                for w in word_tokenize(t.text)}  # fmt: skip
+    assert held_out - train_words and not (held_out - train_words) & set(vocab.tokens)
+    assert manifest.params["corpus"]["max_dialogues"] == 20
+    assert len(open_split(tmp_path / "a", Task.SELECT, "test")[0].candidate_ids) == 10
+
+
+def test_dstc7_keeps_its_candidates(tmp_path: Path) -> None:
+    params = tokenize_params("dstc7", tasks=["select"], select={"n_candidates_train": 5})
+    manifest = tokenize_corpus("dstc7", FIXTURES / "dstc7", tmp_path, params)
+    train = open_split(tmp_path, Task.SELECT, "train")
+    assert len(train) == 3  # 2 Ubuntu + 1 Advising examples
+    for example in train:  # training keeps every correct candidate + drawn wrong ones
+        assert len(example.candidate_ids) == 5 and example.labels.sum() >= 1
+    valid = list(open_split(tmp_path, Task.SELECT, "valid"))
+    assert {len(e.candidate_ids) for e in valid} == {10}
+    assert manifest.counts["select"]["valid"] == len(valid)
+
+
+def broken_chitchat(root: Path) -> Path:
+    good = {"messages": [[{"text": "hi there", "sender": "a"}], [{"text": "hello", "sender": "b"}]]}
+    data = {f"c{i}": good for i in range(12)} | {"bad": {"messages": "not a list"}}
+    root.mkdir(parents=True)
+    (root / "dataset.json").write_text(json.dumps(data))
+    (root / "SOURCES.json").write_text(json.dumps({"files": {"dataset.json": {"sha256": "ab"}}}))
+    return root
+
+
+def test_malformed_records_raise_or_are_counted(tmp_path: Path) -> None:
+    raw = broken_chitchat(tmp_path / "raw")
+    settings = {"split": {"valid": 0.0, "test": 0.0}, "select": {"n_candidates_train": 2}}
+    with pytest.raises(DataError, match="bad"):
+        tokenize_corpus("chitchat", raw, tmp_path / "out", tokenize_params(**settings))
+    assert not (tmp_path / "out" / MANIFEST_FILE).exists()
+    params = Params.model_validate(
+        {"tokenize": {"on_error": "skip", "corpora": {"chitchat": settings}}}
+    )
+    manifest = tokenize_corpus("chitchat", raw, tmp_path / "out", params)
+    assert manifest.skipped["malformed_records"] == 1 and "bad" in manifest.warnings[0]
+    assert manifest.sources == {"files": {"dataset.json": {"sha256": "ab"}}}
+    assert read_manifest(tmp_path / "out").counts == {
+        "generate": {"train": 12, "valid": 0, "test": 0}
+    }
+
+
+def test_no_training_split_is_an_error(tmp_path: Path, shared_data: Path) -> None:
+    params = tokenize_params("multiwoz", max_dialogues=3)
+    with pytest.raises(DataError, match="no training dialogues"):
+        tokenize_corpus("multiwoz", shared_data / "multiwoz" / "convlab1", tmp_path, params)
+
+
+def test_too_many_candidates_names_the_params_key(tmp_path: Path) -> None:
+    raw = broken_chitchat(tmp_path / "raw")
+    settings = {"tasks": ["select"], "split": {"valid": 0.0, "test": 0.0}}
+    params = Params.model_validate(
+        {"tokenize": {"on_error": "skip", "corpora": {"chitchat": settings}}}
+    )
+    with pytest.raises(ConfigError) as err:  # 12 identical responses, 10 candidates wanted
+        tokenize_corpus("chitchat", raw, tmp_path / "out", params)
+    assert err.value.key == "tokenize.corpora.chitchat.select.n_candidates_train"
+
+
+def test_stage_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = broken_chitchat(tmp_path / "raw" / "chitchat")
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "tokenize:\n  on_error: skip\n  corpora:\n    chitchat:\n"
+        "      split: {valid: 0.0, test: 0.0}\n      generate: {max_history: 20}\n"
+    )
+    argv = ["chitchat", "--params", str(params), "--raw", str(raw.parent), "--out", str(tmp_path)]
+    assert stage.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "generate" in out and "malformed records 1" in out
+    assert read_manifest(tmp_path / "chitchat").counts["generate"]["train"] == 12
+    params.write_text("tokenize:\n  corpora:\n    chitchat:\n      generate: {max_history: 0}\n")
+    assert stage.main(argv) == 1
+    assert "tokenize.corpora.chitchat.generate.max_history" in capsys.readouterr().err
