@@ -46,8 +46,14 @@ def maximal(paths: set[str]) -> set[str]:
     return {p for p in paths if not any(q.startswith(p + ".") for q in paths)}
 
 
+def _lookup(raw: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        raw = raw[part]
+    return raw
+
+
 def stage_instances() -> list[tuple[str, str | None, dict[str, Any]]]:
-    """(stage name, foreach item or None, stage definition with ${item} substituted)."""
+    """(stage name, foreach key or None, stage definition with ${...} substituted)."""
     spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     raw_params = yaml.safe_load((REPO / "params.yaml").read_text())
     out = []
@@ -56,26 +62,44 @@ def stage_instances() -> list[tuple[str, str | None, dict[str, Any]]]:
             out.append((name, None, stage))
             continue
         items = stage["foreach"]
-        if isinstance(items, str):  # ${key} of params.yaml
-            items = raw_params[items.strip("${}")]
-        for item in items:
-            text = yaml.safe_dump(stage["do"]).replace("${item}", str(item))
-            out.append((name, str(item), yaml.safe_load(text)))
+        if isinstance(items, str):  # ${dotted.key} of params.yaml
+            items = _lookup(raw_params, items.strip("${}"))
+        pairs = items.items() if isinstance(items, dict) else ((i, i) for i in items)
+        for key, item in pairs:
+            text = yaml.safe_dump(stage["do"]).replace("${key}", str(key))
+            if isinstance(item, dict):
+                for field, value in item.items():
+                    text = text.replace(f"${{item.{field}}}", str(value))
+            else:
+                text = text.replace("${item}", str(item))
+            out.append((name, str(key), yaml.safe_load(text)))
     return out
 
 
-@pytest.mark.parametrize(("name", "item", "stage"), stage_instances(), ids=lambda v: str(v))
+INSTANCES = [
+    pytest.param(name, key, stage, id=f"{name}@{key}" if key else name)
+    for name, key, stage in stage_instances()
+]
+
+
+def stage_module(name: str) -> str:
+    """``train_tuned`` runs ``stages/train.py``, like ``train``."""
+    return f"stages.{name.removesuffix('_tuned')}"
+
+
+@pytest.mark.parametrize(("name", "item", "stage"), INSTANCES)
 def test_stage_declares_exactly_the_params_it_reads(
     name: str, item: str | None, stage: dict[str, Any]
 ) -> None:
-    module = importlib.import_module(f"stages.{name}")
+    module = importlib.import_module(stage_module(name))
     log: set[str] = set()
     module.select_params(Recorder(load_params(REPO / "params.yaml"), "", log), item)
     declared = set(stage.get("params", []))
     assert maximal(log) == declared
 
 
-@pytest.mark.parametrize(("name", "item", "stage"), stage_instances(), ids=lambda v: str(v))
+@pytest.mark.parametrize(("name", "item", "stage"), INSTANCES)
 def test_stage_depends_on_its_script(name: str, item: str | None, stage: dict[str, Any]) -> None:
-    assert f"stages/{name}.py" in stage["deps"]
-    assert stage["cmd"].startswith(f"python -m stages.{name}")
+    module = stage_module(name)
+    assert f"{module.replace('.', '/')}.py" in stage["deps"]
+    assert stage["cmd"].startswith(f"python -m {module}")

@@ -1,0 +1,10 @@
+"""``python -m pipeline``: the ``chat`` and ``rank`` commands (``pipeline.cli``)."""
+
+from __future__ import annotations
+
+import sys
+
+from pipeline.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

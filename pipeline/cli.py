@@ -1,0 +1,217 @@
+"""Talk to a trained model: ``python -m pipeline chat`` and ``python -m pipeline rank``.
+
+    python -m pipeline chat --run <model>-<corpus> [--beam 5 | --top-p 0.9] [--local]
+    python -m pipeline chat --model-uri models:/hiertx-<model>-<corpus>/<version>
+    python -m pipeline rank --run <key> --context "a|b|c" --candidates "x|y|z"
+    python -m pipeline rank --run <key> --input file.json   # {"context": [..], "candidates": [..]}
+
+A run's model is the pyfunc registered in MLflow (the version its train manifest names),
+or its local checkpoint when MLflow has none (or with ``--local``). ``chat`` reads user
+lines from stdin, keeps the dialogue history and prints one response per line (greedy by
+default); ``/reset`` starts a new dialogue. ``rank`` prints the candidates best first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import ConfigError, DataError, HiertxError
+
+MANIFEST_FILE = "manifest.json"
+RESET = "/reset"
+
+
+def available_runs(root: Path) -> list[str]:
+    """Runs with a trained model: folders of ``data/train`` holding a manifest."""
+    return sorted(p.parent.name for p in (root / "data" / "train").glob(f"*/{MANIFEST_FILE}"))
+
+
+def read_manifest(root: Path, key: str) -> dict[str, Any]:
+    path = root / "data" / "train" / key / MANIFEST_FILE
+    if not path.is_file():
+        runs = available_runs(root)
+        have = ", ".join(runs) if runs else "none (train one: dvc repro train@<model>-<corpus>)"
+        raise ConfigError(
+            "--run",
+            f"no trained run {key!r} under {root / 'data' / 'train'}; runs that exist: {have}",
+        )
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
+
+
+def _local_model(root: Path, manifest: dict[str, Any], params_file: Path) -> Any:
+    """The run's exported checkpoint behind the same ``HiertxModel`` as the pyfunc."""
+    from pipeline.config import load_params
+    from pipeline.serving import HiertxModel, ServingSpec
+
+    entry = (manifest.get("seeds") or [manifest])[0]
+    checkpoint = root / entry["checkpoint"]
+    corpus = manifest["corpus"]
+    spec = ServingSpec(task=manifest["task"])
+    if params_file.is_file():
+        params = load_params(params_file)
+        if corpus in {c.value for c in params.tokenize.corpora}:
+            c = params.corpus(corpus)
+            spec = ServingSpec(
+                task=manifest["task"],
+                max_history=c.generate.max_history,
+                max_utterances=c.generate.max_utterances,
+                max_response=c.generate.max_response,
+                max_candidate=c.select.max_candidate,
+                max_sentence=c.lm.max_sentence,
+            )
+    model = HiertxModel()
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_file = Path(tmp) / "serving.json"
+        spec_file.write_text(json.dumps(asdict(spec)))
+        model.load(checkpoint, root / "data" / "shards" / corpus / "vocab.json", spec_file)
+    return model
+
+
+def _mlflow_model(uri: str, tracking_uri: str | None = None) -> Any:
+    """The ``HiertxModel`` inside a logged pyfunc (called directly, so decoding params pass
+    without a signature)."""
+    import mlflow
+
+    from pipeline import tracking
+
+    tracking.configure_env()
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    try:
+        return mlflow.pyfunc.load_model(uri).unwrap_python_model()
+    except Exception as err:  # mlflow raises many types for a missing model or store
+        raise ConfigError(
+            "--model-uri", f"cannot load {uri} ({type(err).__name__}: {err})"
+        ) from None
+
+
+def load(args: argparse.Namespace) -> Any:
+    """The model ``--model-uri`` or ``--run`` names (see the module docstring)."""
+    root = Path(args.root).resolve()
+    if args.model_uri:
+        return _mlflow_model(args.model_uri)
+    manifest = read_manifest(root, args.run)
+    info = manifest.get("mlflow") or {}
+    if not args.local and info.get("registered_model") and info.get("model_version"):
+        uri = f"models:/{info['registered_model']}/{info['model_version']}"
+        return _mlflow_model(uri, info.get("tracking_uri"))
+    return _local_model(root, manifest, Path(args.params))
+
+
+def _task(model: Any) -> str:
+    return str(model.spec.task)
+
+
+def decode_params(args: argparse.Namespace) -> dict[str, Any]:
+    if args.beam and args.top_p is not None:
+        raise ConfigError("--beam", "choose beam search or nucleus sampling, not both")
+    if args.beam:
+        return {"strategy": "beam", "beam_size": args.beam}
+    if args.top_p is not None:
+        return {"strategy": "nucleus", "top_p": args.top_p, "seed": args.seed}
+    return {}
+
+
+def chat(args: argparse.Namespace) -> int:
+    params = decode_params(args)
+    model = load(args)
+    if _task(model) != "generate":
+        raise ConfigError(
+            "--run",
+            f"chat needs a generate model; this one is {_task(model)} "
+            "(use `python -m pipeline rank` for select models)",
+        )
+    history: list[str] = []
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        line = line.strip()
+        if not line:
+            continue
+        if line == RESET:
+            history = []
+            continue
+        history.append(line)
+        response = model.predict(None, [{"history": history}], params)[0]
+        history.append(response)
+        print(response, flush=True)
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split("|") if part.strip()]
+
+
+def rank_inputs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    if args.input:
+        path = Path(args.input)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise DataError(path, "file not found") from None
+        except json.JSONDecodeError as err:
+            raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("candidates"), list):
+            raise DataError(path, 'expected {"context": [...], "candidates": [...]}')
+        return [str(c) for c in raw.get("context", [])], [str(c) for c in raw["candidates"]]
+    if not args.candidates:
+        raise ConfigError("--candidates", 'give candidates ("x|y|z") or --input FILE.json')
+    return _split(args.context or ""), _split(args.candidates)
+
+
+def rank(args: argparse.Namespace) -> int:
+    context, candidates = rank_inputs(args)
+    if not candidates:
+        raise ConfigError("--candidates", "no candidates to rank")
+    model = load(args)
+    if _task(model) != "select":
+        raise ConfigError("--run", f"rank needs a select model; this one is {_task(model)}")
+    scores = model.predict(None, [{"history": context, "candidates": candidates}])[0]
+    for score, candidate in sorted(zip(scores, candidates, strict=True), key=lambda p: -p[0]):
+        print(f"{score:.4f}\t{candidate}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.splitlines()[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    for name, help_text in (("chat", "chat with a generate model"), ("rank", "rank candidates")):
+        sub = commands.add_parser(name, help=help_text)
+        which = sub.add_mutually_exclusive_group(required=True)
+        which.add_argument("--run", help="<model>-<corpus>: a trained run of data/train")
+        which.add_argument("--model-uri", help="an MLflow model URI (models:/name/version)")
+        sub.add_argument("--local", action="store_true", help="use the local checkpoint")
+        sub.add_argument("--root", default=".", help="project folder (holds data/)")
+        sub.add_argument("--params", default="params.yaml", help="for the corpus' limits")
+    chat_args = commands.choices["chat"]
+    chat_args.add_argument("--beam", type=int, default=0, help="beam search of this width")
+    chat_args.add_argument("--top-p", type=float, default=None, help="nucleus sampling")
+    chat_args.add_argument("--seed", type=int, default=0, help="sampling seed")
+    rank_args = commands.choices["rank"]
+    rank_args.add_argument("--context", default="", help='utterances, oldest first: "a|b|c"')
+    rank_args.add_argument("--candidates", default="", help='"x|y|z"')
+    rank_args.add_argument("--input", help='JSON file {"context": [..], "candidates": [..]}')
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return chat(args) if args.command == "chat" else rank(args)
+    except HiertxError as err:
+        print(f"{args.command}: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,280 @@
+"""The evaluate stage on really trained tiny models: metrics recomputed independently."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import ConfigError, parse_params
+from pipeline.data.loader import load_vocab, open_split
+from pipeline.data.tokenize import tokenize_corpus
+from pipeline.decode import DecodeConfig, Strategy, generate
+from pipeline.eval import text
+from pipeline.eval.evaluate import (
+    EvalSettings,
+    aggregate,
+    evaluate_run,
+    load_model,
+    trained_seeds,
+)
+from pipeline.eval.ranking import first_correct_ranks
+from pipeline.train.seeds import seed_values, train_seeds, with_seed
+
+TOKENIZE = {
+    "corpora": {
+        "chitchat": {
+            "tasks": ["generate", "select", "lm"],
+            "max_dialogues": 24,
+            "vocab": {"size": 300},
+            "split": {"valid": 0.2, "test": 0.15},
+            "generate": {"max_history": 40, "max_utterances": 4, "max_response": 10},
+            "select": {"n_candidates_train": 4, "n_candidates_eval": 8, "max_candidate": 10},
+            "lm": {"sentences_per_document": 4, "max_sentence": 12},
+        }
+    }
+}
+MODELS = {
+    "transformer": {
+        "d_model": 16,
+        "n_encoder_layers": 1,
+        "n_decoder_layers": 1,
+        "n_heads": 2,
+        "d_head": 8,
+        "d_ff": 32,
+    },
+    "transformer_ranker": {"d_embed": 16, "d_model": 12, "n_heads": 2, "d_ff": 16, "n_layers": 1},
+    "gpt": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+}
+KEY = "transformer-chitchat"
+
+
+def project_params(tracking: bool = False, **evaluate) -> dict:
+    """params.yaml content for tiny runs of the three tasks on chitchat."""
+    return {
+        "tokenize": TOKENIZE,
+        "train": {
+            "defaults": {
+                "epochs": 2,
+                "batch_size": 16,
+                "max_batches_per_epoch": 4,
+                "patience": None,
+                "optimizer": {"lr": 0.01},
+                "precision": "fp32",
+            },
+            "models": {name: {"model": config} for name, config in MODELS.items()},
+            "runs": {f"{name}-chitchat": {"model": name, "corpus": "chitchat"} for name in MODELS},
+        },
+        "tracking": {"enabled": tracking, "log_model": False, "sample_generations": 0},
+        "evaluate": {
+            "batch_size": 8,
+            "decodes": [
+                {"strategy": "greedy"},
+                {"strategy": "beam", "beam_size": 3, "min_length": 2},
+            ],
+            "word2vec": {"dim": 8, "epochs": 1},
+            "n_samples": 2,
+            **evaluate,
+        },
+    }
+
+
+def settings(raw: dict) -> EvalSettings:
+    params = parse_params(raw)
+    return EvalSettings(params.evaluate, params.corpus("chitchat"), params.tracking)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A project with tokenized chitchat and one trained seed of each tiny model."""
+    root = tmp_path_factory.mktemp("evalproject")
+    tokenize_corpus(
+        "chitchat", None, root / "data" / "shards" / "chitchat", parse_params(project_params())
+    )
+    params = parse_params(project_params())
+    for name in MODELS:
+        train_seeds(params, name, "chitchat", root, show_progress=False)
+    return root
+
+
+def read_rows(root: Path, key: str) -> list[dict]:
+    lines = (root / "data" / "eval" / key / "per_example.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_evaluate_params_need_greedy_and_distinct_suffixes():
+    with pytest.raises(ConfigError, match="greedy") as caught:
+        parse_params({"evaluate": {"decodes": [{"strategy": "beam"}]}})
+    assert caught.value.key == "evaluate.decodes"
+    with pytest.raises(ConfigError, match="suffix"):
+        parse_params({"evaluate": {"decodes": [{}, {"strategy": "greedy"}]}})
+    with pytest.raises(ConfigError) as caught:
+        parse_params({"evaluate": {"models": {"hier": [{"strategy": "beam"}]}}})
+    assert caught.value.key == "evaluate.models" and "hier" in caught.value.reason
+    with pytest.raises(ConfigError) as caught:
+        parse_params({"train": {"defaults": {"seeds": 0}}})
+    assert caught.value.key == "train.defaults.seeds"
+    raw = {"tokenize": TOKENIZE, "evaluate": {"models": {"hier": [{}, {"strategy": "beam"}]}}}
+    ev = parse_params(raw).evaluate
+    assert [d.suffix for d in ev.decodes_for("hier")] == ["", "_beam5"]
+    assert [d.suffix for d in ev.decodes_for("unet")] == [""]
+
+
+def test_aggregate_means_and_ci_over_seeds():
+    one = aggregate([{"bleu": 2.0, "n_examples": 5.0}])
+    assert one == {"bleu": 2.0, "n_examples": 5.0}  # one seed: no interval
+    three = aggregate([{"bleu": 1.0, "n_examples": 5.0}, {"bleu": 2.0, "n_examples": 5.0},
+                       {"bleu": 3.0, "n_examples": 5.0}])  # fmt: skip
+    # t_{0.975, 2} = 4.302653; s = 1; half-width = 4.302653 / sqrt(3)
+    assert three["bleu"] == pytest.approx(2.0)
+    assert three["bleu_ci95"] == pytest.approx(4.302653 / math.sqrt(3), rel=1e-5)
+    assert "n_examples_ci95" not in three
+
+
+def test_seeds_override_only_the_seed():
+    params = parse_params(project_params())
+    seeded = with_seed(params, "gpt", "chitchat", 2234)
+    assert seeded.train.run("gpt", "chitchat").seed == 2234
+    assert seeded.train.run("gpt", "chitchat").model == params.train.run("gpt", "chitchat").model
+    assert seeded.train.run("transformer", "chitchat").seed == 1234
+    assert seed_values(1234, 3) == [1234, 2234, 3234]
+
+
+@pytest.mark.slow  # trains three tiny models once (module fixture)
+def test_generate_metrics_match_direct_computation(project):
+    raw = project_params()
+    metrics = evaluate_run(settings(raw), "transformer", "chitchat", project)
+    out = project / "data" / "eval" / KEY
+    assert json.loads((out / "metrics.json").read_text()) == pytest.approx(metrics, nan_ok=True)
+    rows = read_rows(project, KEY)
+    test = open_split(project / "data" / "shards" / "chitchat", "generate", "test")
+    assert len(rows) == len(test) == metrics["n_examples"]
+    assert [r["id"] for r in rows] == [f"{e.dialogue_id}#{e.turn}" for e in test]
+
+    # perplexity recomputed here from the model, not from the rows
+    (seed,) = trained_seeds(project / "data" / "train" / KEY, project)
+    model = load_model(seed.checkpoint, torch.device("cpu"))
+    batch = test.collate([test[i] for i in range(len(test))])
+    with torch.no_grad():
+        memory = model.encode(batch)
+        logits, _ = model.decode(batch.target_ids[:, :-1], memory)
+    mask = batch.target_mask[:, 1:]
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch.target_ids[:, 1:].reshape(-1), reduction="none"
+    ).view_as(mask)[mask]
+    assert metrics["test_loss"] == pytest.approx(float(nll.mean()), rel=1e-4)
+    assert metrics["test_ppl"] == pytest.approx(math.exp(float(nll.mean())), rel=1e-4)
+    assert sum(r["n_tokens"] for r in rows) == int(mask.sum())
+
+    # greedy and beam hypotheses are what generate() gives; BLEU/distinct recomputed
+    vocab = load_vocab(project / "data" / "shards" / "chitchat")
+    for suffix, config in (("", DecodeConfig(max_length=10)),
+                           ("_beam3", DecodeConfig(strategy=Strategy.BEAM, beam_size=3,
+                                                   min_length=2, max_length=10))):  # fmt: skip
+        out_ids = generate(model, test.collate([test[0], test[1]]), config)
+        first = [
+            vocab.decode(t[:n].tolist())
+            for t, n in zip(out_ids.tokens, out_ids.lengths, strict=True)
+        ]
+        assert [r[f"hypothesis{suffix}"] for r in rows[:2]] == first
+        hyps = [r[f"hypothesis{suffix}"] for r in rows]
+        refs = [r["reference"] for r in rows]
+        assert metrics[f"bleu{suffix}"] == pytest.approx(text.corpus_bleu(hyps, refs))
+        words = [w for h in hyps for w in h.split()]
+        assert words, f"decode {suffix!r} produced only empty responses"
+        assert metrics[f"distinct_1{suffix}"] == pytest.approx(len(set(words)) / len(words))
+        assert metrics[f"avg_length{suffix}"] == pytest.approx(len(words) / len(hyps))
+        for name in ("embedding_average", "embedding_extrema", "embedding_greedy"):
+            assert -1.0 <= metrics[f"{name}{suffix}"] <= 1.0
+    assert rows[0]["reference"] == vocab.decode(test[0].target_ids)
+    assert "<bos>" not in rows[0]["reference"] and rows[0]["seed"] == 1234
+
+    lengths = np.array([r["history_tokens"] for r in rows], dtype=float)
+    losses = np.array([r["nll_sum"] / r["n_tokens"] for r in rows])
+    assert metrics["length_loss_pearson_r"] == pytest.approx(np.corrcoef(lengths, losses)[0, 1])
+    assert 0.0 <= metrics["length_loss_pearson_p"] <= 1.0
+    samples = (out / "samples.md").read_text()
+    assert rows[0]["id"] in samples and "generated (beam3)" in samples
+    assert json.loads((out / "seeds.json").read_text())["seeds"][0]["metrics"] == pytest.approx(
+        metrics, nan_ok=True
+    )
+
+
+@pytest.mark.slow  # trains three tiny models once (module fixture)
+def test_select_ranks_match_model_scores(project):
+    key = "transformer_ranker-chitchat"
+    metrics = evaluate_run(settings(project_params()), "transformer_ranker", "chitchat", project)
+    rows = read_rows(project, key)
+    test = open_split(project / "data" / "shards" / "chitchat", "select", "test")
+    assert len(rows) == len(test) == metrics["n_examples"]
+    (seed,) = trained_seeds(project / "data" / "train" / key, project)
+    model = load_model(seed.checkpoint, torch.device("cpu"))
+    ranks = []
+    for start in range(0, len(test), 8):
+        batch = test.collate([test[i] for i in range(start, min(start + 8, len(test)))])
+        with torch.no_grad():
+            scores = model.score(batch)
+        scores = scores.masked_fill(~batch.candidate_mask.any(-1), float("-inf"))
+        ranks += first_correct_ranks(scores, batch.labels).tolist()
+    assert [r["rank"] for r in rows] == ranks
+    ranks_np = np.array(ranks)
+    assert metrics["recall_at_1"] == pytest.approx(np.mean((ranks_np >= 1) & (ranks_np <= 1)))
+    assert metrics["recall_at_10"] == pytest.approx(np.mean((ranks_np >= 1) & (ranks_np <= 10)))
+    assert metrics["mrr"] == pytest.approx(np.mean([1 / r if r else 0 for r in ranks]))
+    assert "test_ppl" not in metrics and "bleu" not in metrics
+
+
+@pytest.mark.slow  # trains three tiny models once (module fixture)
+def test_lm_perplexity_and_quick_max_batches(project):
+    key = "gpt-chitchat"
+    metrics = evaluate_run(settings(project_params(max_batches=1)), "gpt", "chitchat", project)
+    rows = read_rows(project, key)
+    assert len(rows) == metrics["n_examples"] == min(8, len(open_split(
+        project / "data" / "shards" / "chitchat", "lm", "test")))  # fmt: skip
+    nll, n = sum(r["nll_sum"] for r in rows), sum(r["n_tokens"] for r in rows)
+    assert metrics["test_ppl"] == pytest.approx(math.exp(nll / n))
+    assert (project / "data" / "eval" / key / "samples.md").read_text().startswith("# gpt")
+
+
+@pytest.mark.slow  # trains three tiny models once (module fixture)
+def test_missing_run_says_to_train_first(project):
+    from pipeline.errors import DataError
+
+    with pytest.raises(DataError, match="run the train stage"):
+        evaluate_run(settings(project_params()), "s2sa", "chitchat", project)
+
+
+@pytest.mark.slow
+def test_several_seeds_mean_ci_and_mlflow(tmp_path, monkeypatch, project):
+    """Two seeds, tracked: per-seed folders, metrics = mean with CI, rows per seed, and the
+    metrics logged to each seed's training run."""
+    import shutil
+
+    root = tmp_path / "p"
+    shutil.copytree(project / "data" / "shards", root / "data" / "shards")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    raw = project_params(tracking=True)
+    raw["train"]["runs"][KEY]["overrides"] = {"seeds": 2}
+    manifest = train_seeds(parse_params(raw), "transformer", "chitchat", root, False)
+    assert [s["seed"] for s in manifest["seeds"]] == [1234, 2234]
+    assert manifest["seeds"][1]["checkpoint"] == f"data/train/{KEY}/seed-1/model.pt"
+
+    metrics = evaluate_run(settings(raw), "transformer", "chitchat", root)
+    per_seed = json.loads((root / "data" / "eval" / KEY / "seeds.json").read_text())["seeds"]
+    losses = [s["metrics"]["test_loss"] for s in per_seed]
+    assert losses[0] != losses[1]
+    assert metrics["test_loss"] == pytest.approx(np.mean(losses))
+    assert metrics["test_loss_ci95"] == pytest.approx(12.7062047 * np.std(losses, ddof=1) / 2**0.5)
+    rows = read_rows(root, KEY)
+    assert len(rows) == 2 * metrics["n_examples"]
+    assert {r["seed"] for r in rows} == {1234, 2234}
+    client = mlflow.tracking.MlflowClient(uri)
+    for entry, seed in zip(manifest["seeds"], per_seed, strict=True):
+        run = client.get_run(entry["mlflow"]["run_id"])
+        assert run.data.metrics["eval/test_loss"] == pytest.approx(seed["metrics"]["test_loss"])

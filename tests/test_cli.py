@@ -1,0 +1,139 @@
+"""``python -m pipeline chat`` / ``rank`` on really trained tiny models (local checkpoints)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline import cli
+from pipeline.config import parse_params
+from pipeline.data.loader import load_vocab
+from pipeline.data.tokenize import tokenize_corpus
+from pipeline.decode import DecodeConfig, generate
+from pipeline.eval.evaluate import load_model
+from pipeline.serving import ServingSpec, generate_batch, select_batch
+from pipeline.train.seeds import train_seeds
+from tests.eval.test_evaluate import project_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """Tokenized chitchat, a tiny transformer and a tiny ranker, and a params.yaml."""
+    root = tmp_path_factory.mktemp("cliproject")
+    raw = project_params()
+    params = parse_params(raw)
+    tokenize_corpus("chitchat", None, root / "data" / "shards" / "chitchat", params)
+    for name in ("transformer", "transformer_ranker"):
+        train_seeds(params, name, "chitchat", root, show_progress=False)
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    return root
+
+
+def run_cli(root: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=120,
+    )
+
+
+def spec() -> ServingSpec:
+    corpus = parse_params(project_params()).corpus("chitchat")
+    return ServingSpec(
+        "generate",
+        max_history=corpus.generate.max_history,
+        max_utterances=corpus.generate.max_utterances,
+        max_response=corpus.generate.max_response,
+        max_candidate=corpus.select.max_candidate,
+    )
+
+
+@pytest.mark.slow
+def test_unknown_run_lists_the_runs_that_exist(project):
+    done = run_cli(project, "chat", "--run", "unet-chitchat")
+    assert done.returncode == 2
+    assert "unet-chitchat" in done.stderr
+    assert "transformer-chitchat" in done.stderr and "transformer_ranker-chitchat" in done.stderr
+
+
+def test_argument_errors_say_what_to_do(tmp_path, capsys):
+    assert cli.main(["rank", "--run", "transformer-chitchat", "--root", str(tmp_path)]) == 2
+    assert "--candidates" in capsys.readouterr().err
+    args = ["chat", "--run", "transformer-chitchat", "--beam", "5", "--top-p", "0.9"]
+    assert cli.main(args) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # trains two tiny models, then starts Python twice
+def test_chat_keeps_the_history_and_answers_like_generate(project, monkeypatch, capsys):
+    lines = ["hi , how are you ?", "what do you do for fun ?"]
+    done = run_cli(project, "chat", "--run", "transformer-chitchat", stdin="\n".join(lines) + "\n")
+    assert done.returncode == 0, done.stderr
+    answers = done.stdout.splitlines()
+    assert len(answers) == 2
+
+    # the same responses, decoded in-process from the checkpoint with the growing history
+    model = load_model(project / "data" / "train" / "transformer-chitchat" / "model.pt", "cpu")
+    vocab = load_vocab(project / "data" / "shards" / "chitchat")
+    history: list[str] = []
+    expected = []
+    for line in lines:
+        history.append(line)
+        with torch.no_grad():
+            out = generate(model, generate_batch([history], vocab, spec()), DecodeConfig(
+                max_length=spec().max_response))  # fmt: skip
+        response = vocab.decode(out.tokens[0][: int(out.lengths[0])].tolist())
+        expected.append(response)
+        history.append(response)
+    assert answers == expected
+
+    # in-process (no second interpreter start): beam search, and a select model refused
+    args = ["chat", "--run", "transformer-chitchat", "--root", str(project), "--beam", "3"]
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines[0] + "\n"))
+    assert cli.main([*args, "--params", str(project / "params.yaml")]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    assert cli.main(["chat", "--run", "transformer_ranker-chitchat", "--root", str(project)]) == 2
+    assert "rank" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_rank_orders_candidates_by_model_score(project, capsys, tmp_path):
+    context = ["hi , how are you ?", "good thanks , and you ?"]
+    candidates = ["i am fine", "the weather is nice", "what ?", "i like dogs"]
+    args = ["rank", "--run", "transformer_ranker-chitchat", "--root", str(project)]
+    args += ["--params", str(project / "params.yaml")]
+    assert (
+        cli.main([*args, "--context", "|".join(context), "--candidates", "|".join(candidates)]) == 0
+    )
+    printed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+
+    model = load_model(
+        project / "data" / "train" / "transformer_ranker-chitchat" / "model.pt", "cpu"
+    )
+    vocab = load_vocab(project / "data" / "shards" / "chitchat")
+    batch = select_batch([context], [candidates], vocab, spec())
+    with torch.no_grad():
+        scores = model.score(batch)[0].tolist()
+    order = sorted(range(len(candidates)), key=lambda i: -scores[i])
+    assert [p[1] for p in printed] == [candidates[i] for i in order]
+    assert [float(p[0]) for p in printed] == pytest.approx([scores[i] for i in order], abs=1e-4)
+
+    request = tmp_path / "rank.json"
+    request.write_text('{"context": ["hi"], "candidates": ["a", "b"]}')
+    assert cli.main([*args, "--input", str(request)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
