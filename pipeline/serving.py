@@ -1,0 +1,282 @@
+"""Trained models as MLflow pyfunc models: text in, text (or numbers) out.
+
+- ``generate`` models take a dialogue history (a list of utterance strings, oldest first)
+  and return a response string (``params`` may set any ``DecodeConfig`` field);
+- ``select`` models take a history and a list of candidate strings and return one score
+  per candidate (higher = better);
+- ``lm`` models take a document (a list of sentence strings) and return its perplexity.
+
+Input: a pandas DataFrame (or a list of dicts) with columns ``history`` (+ ``candidates``)
+or ``document``. The pyfunc carries no pickled torch model: its artifacts are the final
+checkpoint (loaded with ``weights_only=True``), the vocabulary and a small spec; the model
+is rebuilt through the registry from the config stored in the checkpoint. The ``pipeline``
+package travels with the model (``code_paths``) so it loads where hiertx is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow.pyfunc
+import torch
+
+from pipeline.data.batch import GenerateBatch, History, LMBatch, SelectBatch
+from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID, SPEAKER_OTHER, SPEAKER_SELF
+from pipeline.data.vocab import Vocab
+from pipeline.models.base import TaskKind
+
+SPEC_FILE = "serving.json"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """How raw text becomes a batch (the corpus' tokenize limits)."""
+
+    task: str
+    max_history: int = 150
+    max_utterances: int = 10
+    max_response: int = 30
+    max_candidate: int = 30
+    max_sentence: int = 50
+
+
+# --------------------------------------------------------------------------- text -> batch
+
+
+def _utterance(vocab: Vocab, text: str, limit: int) -> list[int]:
+    return [BOS_ID, *vocab.encode(text)[: max(limit - 2, 1)], EOS_ID]
+
+
+def encode_histories(
+    histories: Sequence[Sequence[str]], vocab: Vocab, spec: ServingSpec
+) -> History:
+    """Histories -> ``History``: the most recent ``max_utterances`` utterances, then the
+    oldest whole utterances dropped until at most ``max_history`` tokens remain (the most
+    recent utterance alone is cut from its start). The response speaker is "self", so the
+    last utterance is the other party's."""
+    rows: list[tuple[list[int], list[int], list[int], list[int]]] = []
+    for history in histories:
+        utts = [
+            _utterance(vocab, t, spec.max_history) for t in list(history)[-spec.max_utterances :]
+        ]
+        if not utts:
+            utts = [[BOS_ID, EOS_ID]]
+        while len(utts) > 1 and sum(map(len, utts)) > spec.max_history:
+            utts.pop(0)
+        utts[0] = utts[0][-spec.max_history :]
+        n = len(utts)
+        ids = [t for u in utts for t in u]
+        index = [i for i, u in enumerate(utts) for _ in u]
+        pos = [p for u in utts for p in range(len(u))]
+        speaker = [
+            SPEAKER_SELF if (n - i) % 2 == 0 else SPEAKER_OTHER
+            for i, u in enumerate(utts)
+            for _ in u
+        ]
+        rows.append((ids, index, pos, speaker))
+    length = max(len(r[0]) for r in rows)
+
+    def pad(k: int) -> torch.Tensor:
+        out = torch.zeros(len(rows), length, dtype=torch.long)
+        for b, row in enumerate(rows):
+            out[b, : len(row[k])] = torch.tensor(row[k], dtype=torch.long)
+        return out
+
+    ids = pad(0)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        mask[b, : len(row[0])] = True
+    return History(ids, mask, pad(1), pad(2), pad(3))
+
+
+def _pad_rows(rows: Sequence[Sequence[int]]) -> torch.Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+    return out
+
+
+def generate_batch(
+    histories: Sequence[Sequence[str]], vocab: Vocab, spec: ServingSpec
+) -> GenerateBatch:
+    history = encode_histories(histories, vocab, spec)
+    target = torch.full((len(histories), 1), BOS_ID, dtype=torch.long)
+    return GenerateBatch(
+        history=history,
+        target_ids=target,
+        target_mask=target != PAD_ID,
+        turn=history.utt_index.max(dim=1).values + 1,
+        dialogue_id=tuple(str(i) for i in range(len(histories))),
+    )
+
+
+def select_batch(
+    histories: Sequence[Sequence[str]],
+    candidates: Sequence[Sequence[str]],
+    vocab: Vocab,
+    spec: ServingSpec,
+) -> SelectBatch:
+    history = encode_histories(histories, vocab, spec)
+    n = max(len(c) for c in candidates)
+    encoded = [[_utterance(vocab, c, spec.max_candidate) for c in row] for row in candidates]
+    width = max(len(c) for row in encoded for c in row)
+    ids = torch.full((len(candidates), n, width), PAD_ID, dtype=torch.long)
+    for b, row in enumerate(encoded):
+        for k, c in enumerate(row):
+            ids[b, k, : len(c)] = torch.tensor(c)
+    return SelectBatch(
+        history=history,
+        candidate_ids=ids,
+        candidate_mask=ids != PAD_ID,
+        labels=torch.zeros(len(candidates), n),
+        dialogue_id=tuple(str(i) for i in range(len(candidates))),
+    )
+
+
+def lm_batch(documents: Sequence[Sequence[str]], vocab: Vocab, spec: ServingSpec) -> LMBatch:
+    docs = [
+        [[*vocab.encode(s)[: spec.max_sentence - 1], EOS_ID] for s in doc] or [[EOS_ID]]
+        for doc in documents
+    ]
+    n_sent = max(len(d) for d in docs)
+    width = max(len(s) for d in docs for s in d)
+    sentences = torch.full((len(docs), n_sent, width), PAD_ID, dtype=torch.long)
+    for b, doc in enumerate(docs):
+        for s, sent in enumerate(doc):
+            sentences[b, s, : len(sent)] = torch.tensor(sent)
+    flat = _pad_rows([[t for s in d for t in s] for d in docs])
+    return LMBatch(
+        sentences=sentences,
+        sentence_mask=sentences != PAD_ID,
+        flat_ids=flat,
+        flat_mask=flat != PAD_ID,
+        dialogue_id=tuple(str(i) for i in range(len(docs))),
+    )
+
+
+# --------------------------------------------------------------------------- the pyfunc
+
+
+def _records(model_input: Any) -> list[dict[str, Any]]:
+    if hasattr(model_input, "to_dict"):  # pandas DataFrame
+        return list(model_input.to_dict(orient="records"))
+    if isinstance(model_input, dict):
+        return [model_input]
+    return list(model_input)
+
+
+def _column(records: list[dict[str, Any]], name: str) -> list[list[str]]:
+    try:
+        return [[str(t) for t in r[name]] for r in records]
+    except KeyError:
+        raise ValueError(f"input needs a {name!r} column (a list of strings per row)") from None
+
+
+class HiertxModel(mlflow.pyfunc.PythonModel):
+    """A trained hiertx model behind MLflow's pyfunc ``predict``."""
+
+    def load_context(self, context: Any) -> None:
+        self.load(
+            context.artifacts["checkpoint"], context.artifacts["vocab"], context.artifacts["spec"]
+        )
+
+    def load(self, checkpoint: str | Path, vocab: str | Path, spec: str | Path) -> None:
+        from pipeline.models import registry
+        from pipeline.train.checkpoint import load_checkpoint
+
+        state = load_checkpoint(checkpoint)
+        name = state["model_name"]
+        config = registry.spec(name).config_cls.model_validate(state["model_config"])
+        self.model = registry.build_from_config(name, config)
+        self.model.load_state_dict(state["model"])
+        self.model.eval()
+        self.vocab = Vocab.load(vocab)
+        self.spec = ServingSpec(**json.loads(Path(spec).read_text()))
+
+    # No type hints on purpose: MLflow reads predict()'s hints as an input schema.
+    def predict(self, context, model_input, params=None):
+        records = _records(model_input)
+        if not records:
+            return []
+        task = TaskKind(self.spec.task)
+        with torch.no_grad():
+            if task == TaskKind.GENERATE:
+                return self._generate(_column(records, "history"), params or {})
+            if task == TaskKind.SELECT:
+                batch = select_batch(
+                    _column(records, "history"),
+                    _column(records, "candidates"),
+                    self.vocab,
+                    self.spec,
+                )
+                scores = self.model.score(batch)
+                return [
+                    row[: len(r["candidates"])].tolist()
+                    for row, r in zip(scores, records, strict=True)
+                ]
+            batch = lm_batch(_column(records, "document"), self.vocab, self.spec)
+            nll = (self.model.token_nll(batch) * batch.sentence_mask).sum(dim=(1, 2))
+            n = batch.sentence_mask.sum(dim=(1, 2)).clamp(min=1)
+            return [math.exp(float(v)) for v in nll / n]
+
+    def _generate(self, histories: list[list[str]], params: dict[str, Any]) -> list[str]:
+        from pipeline.decode import DecodeConfig, generate
+
+        config = DecodeConfig(**{"max_length": self.spec.max_response, **params})
+        out = generate(self.model, generate_batch(histories, self.vocab, self.spec), config)
+        return [
+            self.vocab.decode(row[:n].tolist())
+            for row, n in zip(out.tokens, out.lengths, strict=True)
+        ]
+
+
+def pip_requirements() -> list[str]:
+    """What the pyfunc needs to load, pinned to this environment's versions."""
+    from importlib.metadata import version
+
+    return [f"{pkg}=={version(pkg)}" for pkg in ("torch", "mlflow", "pydantic", "numpy", "pyyaml")]
+
+
+def log_pyfunc(
+    uri: str,
+    run_id: str,
+    registered_name: str | None,
+    *,
+    checkpoint: str | Path,
+    vocab: str | Path,
+    spec: ServingSpec,
+    name: str = "model",
+) -> str | None:
+    """Log the pyfunc into run ``run_id`` of store ``uri`` (and register a new version of
+    ``registered_name``). Returns the registered version, or ``None``."""
+    import tempfile
+
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            spec_path = Path(tmp) / SPEC_FILE
+            spec_path.write_text(json.dumps(asdict(spec)))
+            with mlflow.start_run(run_id=run_id):
+                info = mlflow.pyfunc.log_model(
+                    name=name,
+                    python_model=HiertxModel(),
+                    artifacts={
+                        "checkpoint": str(checkpoint),
+                        "vocab": str(vocab),
+                        "spec": str(spec_path),
+                    },
+                    code_paths=[str(PACKAGE_DIR)],
+                    pip_requirements=pip_requirements(),
+                    registered_model_name=registered_name,
+                )
+        version = info.registered_model_version
+        return None if version is None else str(version)
+    finally:
+        mlflow.set_tracking_uri(previous)

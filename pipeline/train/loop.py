@@ -1,0 +1,507 @@
+"""One worker's training loop, the same for every model and task kind, local or on Ray.
+
+The loop sees its environment through a :class:`WorkerContext` (rank, device, collectives,
+checkpoint hand-off): ``LocalContext`` here runs in-process; ``distributed.RayContext`` and
+``tune.TuneContext`` run under Ray Train / Ray Tune. Order of one optimizer step:
+forward (bf16 autocast on GPU) -> backward -> clip -> step -> schedule; then, when due,
+evaluate (loss and perplexity summed over every rank's slice of the validation split),
+checkpoint, and stop early when the validation loss has not improved for ``patience``
+evaluations.
+
+Determinism: worker ``r`` seeds ``seed + r``; a checkpoint holds every rank's RNG state and
+the number of batches of the epoch already consumed, so a run resumed from any checkpoint
+makes exactly the updates the uninterrupted run made.
+
+Gradient averaging is token-weighted: each rank's loss is scaled by its share of the
+global token count before DDP averages gradients, so N workers with B examples each take
+the same step as one worker with the N*B examples (a plain average of per-rank means would
+over-weight ranks with fewer tokens).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor, nn
+
+from pipeline.config import Precision, RunParams
+from pipeline.data.batch import Batch
+from pipeline.models.base import LossOutput, TaskKind
+from pipeline.train.checkpoint import (
+    CHECKPOINT_FILE,
+    Progress,
+    cpu_state,
+    load_checkpoint,
+    save_checkpoint,
+)
+from pipeline.train.optim import make_optimizer, make_scheduler
+from pipeline.train.seed import rng_state, seed_everything, set_rng_state
+
+# --------------------------------------------------------------------------- contracts
+
+
+class EpochData(Protocol):
+    """One rank's batches of one split (``job.ShardBatches`` wraps a ``BatchLoader``)."""
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def iter_from(self, start: int) -> Iterator[Batch]:
+        """This epoch's batches, skipping the first ``start`` (resuming mid-epoch)."""
+        ...
+
+
+class ModelFactory(Protocol):
+    def __call__(self) -> nn.Module: ...
+
+
+class DataFactory(Protocol):
+    def __call__(self, rank: int, world_size: int) -> tuple[EpochData, EpochData]:
+        """(train, valid) batches for ``rank`` of ``world_size``."""
+        ...
+
+
+class MetricSink(Protocol):
+    """Where rank 0's metrics go (``tracking.Tracker``)."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+
+@runtime_checkable
+class StepHook(Protocol):
+    """Implemented by models whose training changes with progress (KL annealing, staged
+    training): called before every training forward pass."""
+
+    def on_train_step(self, step: int, epoch: int) -> None: ...
+
+
+class WorkerContext(Protocol):
+    """What the loop needs from where it runs."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Move ``model`` to the device (and wrap it for data parallelism)."""
+        ...
+
+    def all_reduce(self, values: Tensor) -> Tensor:
+        """Sum of ``values`` over ranks (returned, every rank gets it)."""
+        ...
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (every rank gets the list)."""
+        ...
+
+    def latest_checkpoint(self) -> dict[str, Any] | None: ...
+
+    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None) -> None:
+        """Publish metrics; persist ``checkpoint`` (rank 0's; other ranks pass ``None``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything one training run needs; picklable, so Ray ships it to the workers.
+
+    ``name`` identifies the run (the Ray run name; the local checkpoint folder under
+    ``run_dir``). ``model_name`` is stored in checkpoints beside the config so a checkpoint
+    rebuilds its model through the registry.
+    """
+
+    name: str
+    model_name: str
+    model: ModelFactory
+    data: DataFactory
+    params: RunParams
+    run_dir: str
+    sink: Callable[[], MetricSink | None] | None = None
+    show_progress: bool = True
+
+
+@dataclass
+class EvalResult:
+    loss: float
+    n_tokens: int
+
+    def metrics(self, task: TaskKind) -> dict[str, float]:
+        out = {"valid_loss": self.loss}
+        if task != TaskKind.SELECT:
+            out["valid_ppl"] = math.exp(min(self.loss, 50.0))
+        return out
+
+
+# --------------------------------------------------------------------------- local
+
+
+class LocalContext:
+    """In-process, single worker; checkpoints in ``<run_dir>/checkpoint.pt``."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self, run_dir: str | Path, device: torch.device | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / CHECKPOINT_FILE
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model.to(self.device)
+
+    def all_reduce(self, values: Tensor) -> Tensor:
+        return values
+
+    def gather(self, value: Any) -> list[Any]:
+        return [value]
+
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        if not self.checkpoint_path.is_file():
+            return None
+        return load_checkpoint(self.checkpoint_path)
+
+    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None) -> None:
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, self.checkpoint_path)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
+    """bf16 on GPU under ``auto``; ``None`` = no autocast (fp32)."""
+    if precision == Precision.BF16 or (precision == Precision.AUTO and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+class _Run:
+    """The state of one worker's run; :func:`train_worker` drives it."""
+
+    def __init__(self, job: TrainJob, ctx: WorkerContext) -> None:
+        self.job, self.ctx, self.p = job, ctx, job.params
+        self.seed = self.p.seed + ctx.rank
+        seed_everything(self.seed)
+        self.raw = job.model()
+        self.task = TaskKind(getattr(self.raw, "task", TaskKind.GENERATE))
+        self.model = ctx.wrap_model(LossModule(self.raw))
+        self.optimizer = make_optimizer(self.raw, self.p.optimizer)
+        self.scheduler = make_scheduler(self.optimizer, self.p.schedule)
+        self.train_data, self.valid_data = job.data(ctx.rank, ctx.world_size)
+        self.progress = Progress()
+        self.best_state: dict[str, Tensor] | None = None
+        self.last_eval: dict[str, float] = {}
+        self.dtype = autocast_dtype(self.p.precision, ctx.device)
+        self.sink = job.sink() if (job.sink is not None and ctx.rank == 0) else None
+        self._window = _Window()
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.raw.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.progress = Progress.from_dict(state["progress"])
+        self.best_state = state.get("best_model")
+        self.last_eval = dict(state.get("metrics", {}))
+        rngs = state["rng"]
+        if len(rngs) != self.ctx.world_size:
+            raise RuntimeError(
+                f"checkpoint was written by {len(rngs)} workers, this run has "
+                f"{self.ctx.world_size}: resume with the same train.scale.num_workers"
+            )
+        set_rng_state(rngs[self.ctx.rank])
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """The checkpoint dict on rank 0 (collective: every rank must call it)."""
+        rngs = self.ctx.gather(rng_state())
+        if self.ctx.rank != 0:
+            return None
+        config = getattr(self.raw, "config", None)
+        return {
+            "model_name": self.job.model_name,
+            "model_config": config.model_dump(mode="json") if config is not None else {},
+            "task": self.task.value,
+            "model": self.raw.state_dict(),
+            "best_model": self.best_state,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "progress": self.progress.to_dict(),
+            "rng": rngs,
+            "metrics": dict(self.last_eval),
+            "seed": self.p.seed,
+        }
+
+    def publish(self, with_checkpoint: bool) -> None:
+        metrics = {
+            "step": float(self.progress.step),
+            "epoch": float(self.progress.epoch),
+            **self.last_eval,
+        }
+        state = self.checkpoint_state() if with_checkpoint else None
+        self.ctx.report(metrics, state)
+
+    # ----------------------------------------------------------------- steps
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.ctx.device.type, dtype=self.dtype)
+
+    def train_step(self, batch: Batch) -> None:
+        p, prog = self.p, self.progress
+        self.model.train()
+        if isinstance(self.raw, StepHook):
+            self.raw.on_train_step(prog.step, prog.epoch)
+        batch = batch.to(self.ctx.device)
+        with self.autocast():
+            out = self.model(batch)
+        n_local = out.n_tokens.detach().float()
+        n_global = self.ctx.all_reduce(n_local.clone()) if self.ctx.world_size > 1 else n_local
+        scale = n_local * self.ctx.world_size / n_global.clamp(min=1)
+        self.optimizer.zero_grad(set_to_none=True)
+        (out.loss * scale).backward()
+        grad_norm = (
+            float(nn.utils.clip_grad_norm_(self.raw.parameters(), p.clip_norm))
+            if p.clip_norm is not None
+            else math.nan
+        )
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        prog.step += 1
+        prog.batch_in_epoch += 1
+        self._window.add(out, grad_norm, lr, batch.batch_size)
+        if self.sink is not None and prog.step % p.log_every == 0:
+            self.sink.log_metrics(self._window.flush(self.task), prog.step)
+
+    @torch.no_grad()
+    def evaluate(self) -> EvalResult:
+        self.raw.eval()
+        totals = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        limit = self.p.max_batches_per_epoch
+        self.valid_data.set_epoch(0)
+        for i, batch in enumerate(self.valid_data.iter_from(0)):
+            if limit is not None and i >= limit:
+                break
+            with self.autocast():
+                out = self.raw.loss(batch.to(self.ctx.device))
+            totals[0] += out.nll_sum.double()
+            totals[1] += out.n_tokens.double()
+        totals = self.ctx.all_reduce(totals)
+        n = int(totals[1].item())
+        loss = float(totals[0] / totals[1]) if n > 0 else math.inf
+        return EvalResult(loss, n)
+
+    def after_eval(self, result: EvalResult) -> None:
+        prog = self.progress
+        prog.last_eval_step = prog.step
+        self.last_eval = result.metrics(self.task)
+        if result.loss < prog.best_loss - self.p.min_delta:
+            prog.best_loss, prog.best_step, prog.bad_evals = result.loss, prog.step, 0
+            if self.ctx.rank == 0:
+                self.best_state = cpu_state(self.raw.state_dict())
+        else:
+            prog.bad_evals += 1
+        self.last_eval["best_valid_loss"] = prog.best_loss
+        if self.sink is not None:
+            self.sink.log_metrics({**self.last_eval, "epoch": float(prog.epoch)}, prog.step)
+        if self.p.patience is not None and prog.bad_evals >= self.p.patience:
+            self.stop("early_stopping")
+
+    def stop(self, reason: str) -> None:
+        self.progress.finished = True
+        self.progress.stop_reason = self.progress.stop_reason or reason
+
+    def evaluate_if_new(self) -> None:
+        if self.progress.last_eval_step != self.progress.step:
+            self.after_eval(self.evaluate())
+
+    # ----------------------------------------------------------------- epochs
+
+    def run_epoch(self) -> None:
+        p, prog = self.p, self.progress
+        self.train_data.set_epoch(prog.epoch)
+        n_batches = len(self.train_data)
+        if p.max_batches_per_epoch is not None:
+            n_batches = min(n_batches, p.max_batches_per_epoch)
+        if n_batches == 0:
+            raise RuntimeError("the training split yields no batches on this rank")
+        bar = _bar(self.ctx.rank == 0 and self.job.show_progress, prog.epoch, n_batches)
+        with bar:
+            bar.advance(prog.batch_in_epoch)
+            for batch in self.train_data.iter_from(prog.batch_in_epoch):
+                if prog.batch_in_epoch >= n_batches:
+                    break
+                self.train_step(batch)
+                bar.advance(1)
+                if p.eval_every is not None and prog.step % p.eval_every == 0:
+                    self.after_eval(self.evaluate())
+                    if not prog.finished:
+                        self.publish(with_checkpoint=False)
+                if p.max_steps is not None and prog.step >= p.max_steps:
+                    self.stop("max_steps")
+                if prog.finished:
+                    return
+                if p.checkpoint_every is not None and prog.step % p.checkpoint_every == 0:
+                    self.publish(with_checkpoint=True)
+        prog.epoch += 1
+        prog.batch_in_epoch = 0
+        self.evaluate_if_new()
+        if prog.epoch >= p.epochs:
+            self.stop("epochs")
+        if not prog.finished:
+            self.publish(with_checkpoint=True)
+
+    def run(self) -> dict[str, float]:
+        state = self.ctx.latest_checkpoint()
+        if state is not None:
+            self.restore(state)
+        prog = self.progress
+        while not prog.finished:
+            self.run_epoch()
+        # A run that stopped mid-epoch evaluates its final weights before the last report.
+        self.evaluate_if_new()
+        self.publish(with_checkpoint=True)
+        return final_metrics(self.progress, self.task)
+
+
+def final_metrics(progress: Progress, task: TaskKind | str) -> dict[str, float]:
+    """A run's outcome: best validation loss (and perplexity), where, and how long."""
+    out = {
+        "best_valid_loss": progress.best_loss,
+        "best_step": float(progress.best_step),
+        "steps": float(progress.step),
+        "epochs": float(progress.epoch),
+    }
+    if TaskKind(task) != TaskKind.SELECT:
+        out["best_valid_ppl"] = math.exp(min(progress.best_loss, 50.0))
+    return out
+
+
+def summary(state: dict[str, Any]) -> dict[str, float]:
+    """The final metrics recorded in a checkpoint."""
+    return final_metrics(Progress.from_dict(state["progress"]), state["task"])
+
+
+def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:
+    """Train (or resume) ``job`` on this worker; returns the final metrics."""
+    return _Run(job, ctx).run()
+
+
+def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, float]:
+    """Run ``job`` in this process (``train.scale.num_workers: 0``)."""
+    return train_worker(job, LocalContext(Path(job.run_dir) / job.name, device))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class LossModule(nn.Module):
+    """``forward(batch) = model.loss(batch)``: DDP synchronises gradients of what runs
+    through ``forward``, and models expose ``loss``."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, batch: Batch) -> LossOutput:
+        return self.inner.loss(batch)
+
+
+class _Window:
+    """Train metrics accumulated between two logged steps."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.nll = self.tokens = self.loss = 0.0
+        self.steps = self.examples = 0
+        self.grad_norm = self.lr = math.nan
+        self.terms: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    def add(self, out: Any, grad_norm: float, lr: float, examples: int) -> None:
+        self.nll += float(out.nll_sum)
+        self.tokens += float(out.n_tokens)
+        self.loss += float(out.loss.detach())
+        self.steps += 1
+        self.examples += examples
+        self.grad_norm, self.lr = grad_norm, lr
+        for k, v in out.terms.items():
+            self.terms[k] = self.terms.get(k, 0.0) + float(v)
+
+    def flush(self, task: TaskKind) -> dict[str, float]:
+        seconds = max(time.perf_counter() - self.start, 1e-9)
+        nll = self.nll / max(self.tokens, 1.0)
+        out = {
+            "train_loss": self.loss / max(self.steps, 1),
+            "train_nll": nll,
+            "lr": self.lr,
+            "examples_per_s": self.examples / seconds,
+            "tokens_per_s": self.tokens / seconds,
+        }
+        if task != TaskKind.SELECT:
+            out["train_ppl"] = math.exp(min(nll, 50.0))
+        if not math.isnan(self.grad_norm):
+            out["grad_norm"] = self.grad_norm
+        out.update({f"train_{k}": v / max(self.steps, 1) for k, v in self.terms.items()})
+        self.reset()
+        return out
+
+
+class _NoBar:
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def advance(self, n: int) -> None:
+        return None
+
+
+class _RichBar:
+    def __init__(self, epoch: int, total: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn(f"epoch {epoch}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        )
+        self.task = self.bar.add_task("train", total=total)
+
+    def __enter__(self) -> _RichBar:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def advance(self, n: int) -> None:
+        self.bar.advance(self.task, n)
+
+
+def _bar(show: bool, epoch: int, total: int) -> _NoBar | _RichBar:
+    return _RichBar(epoch, total) if show else _NoBar()

@@ -1,0 +1,402 @@
+"""The train and tune stages' logic: params -> validated job -> fit / search -> outputs.
+
+``train_run`` trains one model on one corpus (resuming an interrupted run of the same
+params), exports the best weights to ``data/train/<model>-<corpus>/model.pt``, tracks it
+in MLflow (params, metrics, vocabulary, checkpoint, samples, registered pyfunc) and
+writes ``manifest.json`` beside it. ``tune_run`` searches its hyper-parameters and writes
+``data/tune/<model>-<corpus>/best.json``, which ``train_run`` reads for tuned runs.
+Everything the params can get wrong is checked before any compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import tracking
+from pipeline.config import CorpusName, Params, RunParams, run_key
+from pipeline.data.loader import load_vocab
+from pipeline.data.shards import VOCAB_FILE
+from pipeline.errors import ConfigError
+from pipeline.models import registry
+from pipeline.models.base import TaskKind
+from pipeline.serving import ServingSpec
+from pipeline.train.checkpoint import save_checkpoint, write_json
+from pipeline.train.distributed import fit, ray_cluster, storage_path
+from pipeline.train.job import (
+    ConfiguredModel,
+    RegistryModel,
+    data_fingerprint,
+    model_config,
+    per_rank_batch,
+    run_name,
+    shard_data,
+)
+from pipeline.train.loop import TrainJob
+from pipeline.train.tune import BEST_FILE, TrialSetup, read_best, search
+
+MODEL_FILE = "model.pt"
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the stages read and write, relative to the project ``root``."""
+
+    root: Path
+
+    def shards(self, corpus: str) -> Path:
+        return self.root / "data" / "shards" / corpus
+
+    def train_out(self, key: str) -> Path:
+        return self.root / "data" / "train" / key
+
+    def tune_out(self, key: str) -> Path:
+        return self.root / "data" / "tune" / key
+
+    def relative(self, path: Path) -> str:
+        try:
+            return str(path.resolve().relative_to(self.root.resolve()))
+        except ValueError:
+            return str(path)
+
+
+# --------------------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated run: everything decided before compute starts."""
+
+    model: str
+    corpus: str
+    task: TaskKind
+    params: RunParams
+    config: dict[str, Any]
+    vocab_size: int
+    tuned_from: dict[str, Any] | None
+
+
+def _task(params: Params, model: str, corpus: str, where: str) -> TaskKind:
+    task = registry.spec(model).task
+    if CorpusName(corpus) not in params.tokenize.corpora:
+        raise ConfigError(where, f"tokenize.corpora has no entry for {corpus!r}")
+    tasks = [t.value for t in params.corpus(corpus).tasks]
+    if task.value not in tasks:
+        raise ConfigError(
+            where, f"{model} is a {task.value} model but {corpus} only yields {tasks}"
+        )
+    return task
+
+
+def plan_train(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
+    """Check a train run's params and inputs; apply the tune result if it is tuned."""
+    key = run_key(model, corpus)
+    tuned = key in params.tune.runs
+    if key not in params.train.runs and not tuned:
+        raise ConfigError("train.runs", f"{key} is in neither train.runs nor tune.runs")
+    task = _task(params, model, corpus, f"train.runs.{key}")
+    run = params.train.run(model, corpus)
+    best = None
+    if tuned:
+        best = read_best(layout.tune_out(key) / BEST_FILE)
+        run = run.model_validate(
+            {
+                **run.model_dump(),
+                "model": {**run.model, **best["config"]},
+                "optimizer": {**run.optimizer.model_dump(), **best["optimizer"]},
+            }
+        )
+    workers = max(params.train.scale.num_workers, 1)
+    per_rank_batch(run.batch_size, workers, "batch_size")
+    vocab = load_vocab(layout.shards(corpus))
+    config = model_config(model, len(vocab), run.model, f"train.models.{model}")
+    return Plan(model, corpus, task, run, config.model_dump(mode="json"), len(vocab), best)
+
+
+# --------------------------------------------------------------------------- train
+
+
+def _start_tracker(
+    params: Params, plan: Plan, layout: Layout, name: str, stage: str
+) -> tracking.Tracker | None:
+    if not params.tracking.enabled:
+        return None
+    root = layout.root
+    shards = layout.relative(layout.shards(plan.corpus))
+    inputs = tracking.dvc_input_hashes(root, [shards])
+    tags = {
+        tracking.TAG_MODEL: plan.model,
+        tracking.TAG_CORPUS: plan.corpus,
+        tracking.TAG_TASK: plan.task.value,
+        tracking.TAG_STAGE: stage,
+        tracking.TAG_GIT: tracking.git_commit(root),
+        **{f"{tracking.TAG_INPUT}.{path}": md5 for path, md5 in inputs.items()},
+        **{f"hiertx.system.{k}": v for k, v in tracking.system_info().items()},
+    }
+    return tracking.Tracker.start(
+        tracking.tracking_uri(root),
+        tracking.fallback_uri(root),
+        tracking.experiment_name(plan.task.value, plan.corpus, params.tracking.experiment_prefix),
+        run_name=name,
+        tags=tags,
+        resume_key=name,
+    )
+
+
+def serving_spec(params: Params, plan: Plan) -> ServingSpec:
+    corpus = params.corpus(plan.corpus)
+    return ServingSpec(
+        task=plan.task.value,
+        max_history=corpus.generate.max_history,
+        max_utterances=corpus.generate.max_utterances,
+        max_response=corpus.generate.max_response,
+        max_candidate=corpus.select.max_candidate,
+        max_sentence=corpus.lm.max_sentence,
+    )
+
+
+def sample_generations(
+    model_file: Path, shards: Path, task: TaskKind, n: int, max_length: int
+) -> str:
+    """Greedy responses of the exported model to the first ``n`` validation histories."""
+    if task != TaskKind.GENERATE or n == 0:
+        return ""
+    import torch
+
+    from pipeline.data.loader import BatchLoader, open_split
+    from pipeline.decode import DecodeConfig, generate
+    from pipeline.train.checkpoint import load_checkpoint
+    from pipeline.train.job import VALID_SPLIT
+
+    state = load_checkpoint(model_file)
+    model = RegistryModel(state["model_name"], state["model_config"])()
+    model.load_state_dict(state["model"])
+    vocab = load_vocab(shards)
+    loader = BatchLoader(open_split(shards, task, VALID_SPLIT), n, shuffle=False, bucket=False)
+    batch = next(iter(loader))
+    with torch.no_grad():
+        out = generate(model, batch, DecodeConfig(max_length=max_length))
+    lines = []
+    for i in range(batch.batch_size):
+        ids = batch.history.input_ids[i][batch.history.input_mask[i]].tolist()
+        lines += [
+            f"## {batch.dialogue_id[i]}",
+            f"history:   {vocab.decode(ids)}",
+            f"reference: {vocab.decode(batch.target_ids[i].tolist())}",
+            f"generated: {vocab.decode(out.tokens[i][: int(out.lengths[i])].tolist())}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def train_run(
+    params: Params, model: str, corpus: str, root: str | Path = ".", show_progress: bool = True
+) -> dict[str, Any]:
+    """Train (or resume) ``model`` on ``corpus``; returns the manifest it writes."""
+    layout = Layout(Path(root).resolve())
+    plan = plan_train(params, model, corpus, layout)
+    scale = params.train.scale
+    shards = layout.shards(corpus)
+    name = run_name(
+        "train",
+        model,
+        corpus,
+        plan.params.model_dump(mode="json"),
+        plan.config,
+        scale.num_workers,
+        data_fingerprint(shards),
+    )
+    storage = storage_path(scale, layout.root)
+    tracker = _start_tracker(params, plan, layout, name, "train")
+    try:
+        if tracker is not None:
+            tracker.log_params(
+                {
+                    "train": plan.params.model_dump(mode="json"),
+                    "model_config": plan.config,
+                    "scale": scale.model_dump(mode="json"),
+                    "tuned": plan.tuned_from is not None,
+                }
+            )
+        job = TrainJob(
+            name=name,
+            model_name=model,
+            model=RegistryModel(model, plan.config),
+            data=shard_data(shards, plan.task.value, plan.params),
+            params=plan.params,
+            run_dir=storage,
+            sink=tracker.ref.attach if tracker is not None else None,
+            show_progress=show_progress,
+        )
+        result = fit(job, scale, storage)
+        out = layout.train_out(run_key(model, corpus))
+        model_file = _export(result.load(), result.metrics, name, out / MODEL_FILE)
+        manifest: dict[str, Any] = {
+            "model": model,
+            "corpus": corpus,
+            "task": plan.task.value,
+            "run_name": name,
+            "checkpoint": layout.relative(model_file),
+            "run_checkpoint": result.checkpoint,
+            "metrics": result.metrics,
+            "tuned_from": plan.tuned_from,
+        }
+        if tracker is not None:
+            manifest["mlflow"] = _track_final(params, plan, layout, tracker, model_file, result)
+            tracker.end()
+    except BaseException:
+        if tracker is not None:
+            tracker.end("FAILED")
+        raise
+    write_json(out / MANIFEST_FILE, manifest)
+    return manifest
+
+
+def _export(state: dict[str, Any], metrics: dict[str, float], name: str, path: Path) -> Path:
+    """The best weights (final ones if never evaluated better) with what rebuilds them."""
+    weights = state.get("best_model") or state["model"]
+    return save_checkpoint(
+        {
+            "model_name": state["model_name"],
+            "model_config": state["model_config"],
+            "task": state["task"],
+            "model": weights,
+            "metrics": metrics,
+            "run_name": name,
+        },
+        path,
+    )
+
+
+def _track_final(
+    params: Params,
+    plan: Plan,
+    layout: Layout,
+    tracker: tracking.Tracker,
+    model_file: Path,
+    result: Any,
+) -> dict[str, Any]:
+    tracker.log_metrics(
+        {f"final_{k}": v for k, v in result.metrics.items()}, int(result.metrics["steps"])
+    )
+    shards = layout.shards(plan.corpus)
+    tracker.log_artifact(shards / VOCAB_FILE, "tokenizer")
+    tracker.log_artifact(model_file, "checkpoint")
+    samples = sample_generations(
+        model_file,
+        shards,
+        plan.task,
+        params.tracking.sample_generations,
+        params.corpus(plan.corpus).generate.max_response,
+    )
+    if samples:
+        tracker.log_text(samples, "samples/generations.txt")
+    version = None
+    registered = tracking.registered_model_name(plan.model, plan.corpus)
+    if params.tracking.log_model:
+        version = tracker.log_pyfunc(
+            registered if params.tracking.register_model else None,
+            checkpoint=model_file,
+            vocab=shards / VOCAB_FILE,
+            spec=serving_spec(params, plan),
+        )
+    return {
+        "tracking_uri": tracker.ref.uri,
+        "experiment": tracker.ref.experiment,
+        "run_id": tracker.run_id,
+        "fallback": tracker.fell_back,
+        "checkpoint_uri": f"{tracker.artifact_uri()}/checkpoint/{MODEL_FILE}",
+        "registered_model": registered if version is not None else None,
+        "model_version": version,
+    }
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def plan_tune(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
+    key = run_key(model, corpus)
+    if key not in params.tune.runs:
+        raise ConfigError("tune.runs", f"{key} is not listed (add it to tune it)")
+    task = _task(params, model, corpus, f"tune.runs.{key}")
+    space = params.tune.spaces[model]
+    fields = registry.spec(model).config_cls.model_fields
+    searchable = sorted(set(fields) - {"vocab_size"})
+    for name in space.model:
+        if name not in searchable:
+            raise ConfigError(
+                f"tune.spaces.{model}.model.{name}",
+                f"not a field of {model}'s config; choose among {searchable}",
+            )
+    run = params.train.run(model, corpus)
+    per_rank_batch(run.batch_size, max(params.train.scale.num_workers, 1), "batch_size")
+    vocab = load_vocab(layout.shards(corpus))
+    config = model_config(model, len(vocab), run.model, f"train.models.{model}")
+    return Plan(model, corpus, task, run, config.model_dump(mode="json"), len(vocab), None)
+
+
+def tune_run(params: Params, model: str, corpus: str, root: str | Path = ".") -> dict[str, Any]:
+    """Search ``model``'s hyper-parameters on ``corpus``; returns the best.json content."""
+    layout = Layout(Path(root).resolve())
+    plan = plan_tune(params, model, corpus, layout)
+    scale, tune_params = params.train.scale, params.tune
+    shards = layout.shards(corpus)
+    search_knobs = tune_params.model_dump(mode="json", exclude={"runs", "spaces", "concurrency"})
+    space = tune_params.spaces[model]
+    name = run_name(
+        "tune",
+        model,
+        corpus,
+        plan.params.model_dump(mode="json"),
+        search_knobs,
+        space.model_dump(mode="json"),
+        scale.num_workers,
+        data_fingerprint(shards),
+    )
+    storage = storage_path(scale, layout.root)
+    parent = _start_tracker(params, plan, layout, name, "tune")
+    try:
+        if parent is not None:
+            parent.log_params(
+                {
+                    "train": plan.params.model_dump(mode="json"),
+                    "tune": search_knobs,
+                    "space": space.model_dump(mode="json"),
+                }
+            )
+        setup = TrialSetup(
+            model_name=model,
+            model_factory=ConfiguredModel(plan.vocab_size, f"tune.spaces.{model}"),
+            data=shard_data(shards, plan.task.value, plan.params),
+            base=plan.params,
+            tune=tune_params,
+            scale=scale,
+            storage=storage,
+            parent=parent.ref if parent is not None else None,
+            tags={
+                tracking.TAG_MODEL: model,
+                tracking.TAG_CORPUS: corpus,
+                tracking.TAG_STAGE: "tune",
+            },
+        )
+        with ray_cluster():
+            result = search(name, setup, space)
+        best = result.to_json(
+            model=model,
+            corpus=corpus,
+            search=name,
+            parent_run_id=parent.run_id if parent is not None else None,
+        )
+        if parent is not None:
+            parent.end_children("KILLED")
+            parent.log_metrics({"best_valid_loss": result.valid_loss}, step=0)
+            parent.log_dict(best, BEST_FILE)
+            parent.end()
+    except BaseException:
+        if parent is not None:
+            parent.end("FAILED")
+        raise
+    write_json(layout.tune_out(run_key(model, corpus)) / BEST_FILE, best)
+    return best

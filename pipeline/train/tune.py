@@ -1,0 +1,291 @@
+"""Ray Tune over the same training loop: Optuna's TPE proposes, ASHA stops poor trials.
+
+Each trial trains ``tune.epochs_per_trial`` epochs of the run's train params with the
+sampled model-config and optimizer values, reporting the validation loss after every epoch.
+Trials run the loop in the trial process (``train.scale.num_workers: 0``) or start a
+``TorchTrainer`` of their own (Ray Train V2 inside a function trainable, reporting through
+``TuneReportCallback``; ``Tuner(TorchTrainer)`` no longer exists). Every trial is an MLflow
+child run of one parent run. The search is named after its inputs and lives under the
+storage path: running it again resumes it (``Tuner.restore``), finished trials included.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.config import (
+    RunParams,
+    ScaleParams,
+    SearchDim,
+    SearchKind,
+    SearchSpace,
+    TuneParams,
+)
+from pipeline.errors import ConfigError
+from pipeline.tracking import RunRef, Tracker
+from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from pipeline.train.distributed import report_with_checkpoint, trainer
+from pipeline.train.loop import DataFactory, TrainJob, train_worker
+
+METRIC = "valid_loss"
+BEST_FILE = "best.json"
+
+
+# --------------------------------------------------------------------------- space
+
+
+def _dimension(dim: SearchDim) -> Any:
+    from ray import tune
+
+    low, high = dim.low, dim.high
+    if dim.kind == SearchKind.CHOICE:
+        return tune.choice(list(dim.choices or ()))
+    assert low is not None and high is not None
+    if dim.kind == SearchKind.INT:
+        step = int(dim.step or 1)
+        return (
+            tune.qrandint(int(low), int(high), step)
+            if step > 1
+            else tune.randint(int(low), int(high) + 1)
+        )
+    if dim.kind == SearchKind.LOG_FLOAT:
+        return tune.loguniform(low, high)
+    return tune.quniform(low, high, dim.step) if dim.step else tune.uniform(low, high)
+
+
+def param_space(space: SearchSpace) -> dict[str, dict[str, Any]]:
+    """The Tune search space: ``{"model": {field: dim}, "optimizer": {field: dim}}``."""
+    return {
+        "model": {k: _dimension(d) for k, d in space.model.items()},
+        "optimizer": {k: _dimension(d) for k, d in space.optimizer.items()},
+    }
+
+
+def trial_params(base: RunParams, tune_params: TuneParams, sampled: dict[str, Any]) -> RunParams:
+    """``base`` with the sampled values, ``epochs_per_trial`` epochs, one evaluation and
+    one report per epoch (ASHA's unit of time), and no early stopping (ASHA decides)."""
+    optimizer = base.optimizer.model_validate(
+        {**base.optimizer.model_dump(), **sampled.get("optimizer", {})}
+    )
+    return base.model_validate(
+        {
+            **base.model_dump(),
+            "optimizer": optimizer.model_dump(),
+            "model": {**base.model, **sampled.get("model", {})},
+            "epochs": tune_params.epochs_per_trial,
+            "eval_every": None,
+            "checkpoint_every": None,
+            "patience": None,
+            "max_steps": None,
+        }
+    )
+
+
+# --------------------------------------------------------------------------- trials
+
+
+class TuneContext:
+    """The loop's view of a Ray Tune function trial running in-process (one worker)."""
+
+    rank = 0
+    world_size = 1
+
+    def __init__(self) -> None:
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)
+
+    def all_reduce(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+    def gather(self, value: Any) -> list[Any]:
+        return [value]
+
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        from ray import tune
+
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is None:
+            return None
+        with checkpoint.as_directory() as folder:
+            return load_checkpoint(Path(folder) / CHECKPOINT_FILE)
+
+    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None) -> None:
+        from ray import tune
+
+        report_with_checkpoint(tune.report, tune.Checkpoint, metrics, checkpoint)
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial shares (shipped to trial processes by ``tune.with_parameters``)."""
+
+    model_name: str
+    model_factory: Any  # (name, sampled RunParams) -> ModelFactory; raises ConfigError
+    data: DataFactory
+    base: RunParams
+    tune: TuneParams
+    scale: ScaleParams
+    storage: str
+    parent: RunRef | None
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
+    """One trial (a Tune function trainable)."""
+    from ray import tune
+
+    trial_id = tune.get_context().get_trial_id()
+    params = trial_params(setup.base, setup.tune, config)
+    tracker = None
+    if setup.parent is not None:
+        p = setup.parent
+        tracker = Tracker.start(
+            p.uri,
+            p.fallback_uri,
+            p.experiment,
+            run_name=f"trial-{trial_id}",
+            tags={**setup.tags, "hiertx.trial_id": trial_id},
+            parent_run_id=p.run_id,
+            resume_key=f"{p.run_name}-{trial_id}",
+        )
+        tracker.log_params({"sampled": config, "train": params.model_dump(mode="json")})
+    try:
+        model = setup.model_factory(setup.model_name, params)
+    except ConfigError as err:
+        # an invalid combination (e.g. heads not dividing the width): worst possible score
+        if tracker is not None:
+            tracker.set_tags({"hiertx.invalid_config": str(err)})
+            tracker.end("FAILED")
+        tune.report({METRIC: math.inf, "invalid": 1.0})
+        return
+    job = TrainJob(
+        name=f"trial-{trial_id}",
+        model_name=setup.model_name,
+        model=model,
+        data=setup.data,
+        params=params,
+        run_dir=setup.storage,
+        sink=tracker.ref.attach if tracker is not None else None,
+        show_progress=False,
+    )
+    try:
+        if setup.scale.num_workers == 0:
+            train_worker(job, TuneContext())
+        else:
+            from ray.tune.integration.ray_train import TuneReportCallback
+
+            result = trainer(job, setup.scale, setup.storage, [TuneReportCallback()]).fit()
+            if result.error is not None:
+                raise result.error
+    except BaseException:
+        if tracker is not None:
+            tracker.end("KILLED")
+        raise
+    if tracker is not None:
+        tracker.end()
+
+
+# --------------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: dict[str, Any]  # the sampled values of the best trial ({"model":..., "optimizer":...})
+    valid_loss: float
+    trial_id: str
+    n_trials: int
+    n_errors: int
+
+    def to_json(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "config": self.best.get("model", {}),
+            "optimizer": self.best.get("optimizer", {}),
+            "valid_loss": self.valid_loss,
+            "trial_id": self.trial_id,
+            "trials": self.n_trials,
+            "errored_trials": self.n_errors,
+            **extra,
+        }
+
+
+def search(name: str, setup: TrialSetup, space: SearchSpace) -> SearchResult:
+    """Run (or resume) the search ``name`` under ``setup.storage``; Ray must be initialised."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    t = setup.tune
+    resources = (
+        {"CPU": t.cpus_per_trial} if setup.scale.num_workers == 0 else {"CPU": 0.1}
+    )  # a TorchTrainer trial only coordinates; its workers hold the resources
+    trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), resources)
+    space_dict = param_space(space)
+    path = f"{setup.storage.rstrip('/')}/{name}"
+    if tune.Tuner.can_restore(path):
+        tuner = tune.Tuner.restore(
+            path, trainable=trainable, resume_errored=True, param_space=space_dict
+        )
+    else:
+        import optuna
+
+        tuner = tune.Tuner(
+            trainable,
+            param_space=space_dict,
+            tune_config=tune.TuneConfig(
+                metric=METRIC,
+                mode="min",
+                search_alg=OptunaSearch(sampler=optuna.samplers.TPESampler(seed=t.seed)),
+                scheduler=ASHAScheduler(
+                    time_attr="training_iteration",
+                    max_t=t.epochs_per_trial,
+                    grace_period=min(t.grace_period, t.epochs_per_trial),
+                    reduction_factor=t.reduction_factor,
+                ),
+                num_samples=t.trials,
+                max_concurrent_trials=t.concurrency,
+            ),
+            run_config=tune.RunConfig(name=name, storage_path=setup.storage),
+        )
+    grid = tuner.fit()
+    best = grid.get_best_result(metric=METRIC, mode="min", scope="all", filter_nan_and_inf=True)
+    if (
+        best is None
+        or best.metrics is None
+        or not math.isfinite(best.metrics.get(METRIC, math.inf))
+    ):
+        raise RuntimeError(f"tune search {name}: no trial produced a finite {METRIC}")
+    frame = best.metrics_dataframe
+    valid_loss = (
+        float(frame[METRIC].min())
+        if frame is not None and METRIC in frame
+        else best.metrics[METRIC]
+    )
+    return SearchResult(
+        best=dict(best.config),
+        valid_loss=valid_loss,
+        trial_id=str(best.metrics.get("trial_id", "")),
+        n_trials=len(grid),
+        n_errors=len(grid.errors),
+    )
+
+
+def read_best(path: str | Path) -> dict[str, Any]:
+    """The tune result a tuned run's training starts from."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            "tune.runs", f"{path} not found: run the tune stage first (dvc repro)"
+        ) from None
+    if not isinstance(raw, dict) or "config" not in raw or "optimizer" not in raw:
+        raise ConfigError("tune.runs", f"{path} is not a tune result (no config/optimizer)")
+    return raw

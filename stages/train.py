@@ -1,0 +1,50 @@
+"""Stage ``train``: train one model on one corpus (resuming an interrupted run).
+
+    python -m stages.train <model> <corpus> [--params params.yaml] [--no-progress]
+
+Writes ``data/train/<model>-<corpus>/model.pt`` (the best weights; ``seed-<i>/model.pt``
+with ``seeds > 1``) and ``manifest.json`` (per seed: MLflow run id, registered model
+version, checkpoint paths, metrics). A run listed under ``tune.runs`` starts from
+``data/tune/<model>-<corpus>/best.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.config import Params, load_params
+from pipeline.errors import HiertxError
+from pipeline.train.seeds import train_seeds
+
+
+def select_params(params: Params) -> Params:
+    """This stage reads ``train``, ``tune.runs``, ``tracking`` and the corpus' ``tokenize``
+    limits (``params:`` of ``train`` in dvc.yaml)."""
+    return params
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("corpus")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        params = select_params(load_params(args.params))
+        manifest = train_seeds(params, args.model, args.corpus, show_progress=not args.no_progress)
+    except HiertxError as err:
+        print(f"train {args.model} {args.corpus}: {err}", file=sys.stderr)
+        return 1
+    metrics = manifest["metrics"]
+    print(
+        f"{args.model} on {args.corpus}: best valid loss {metrics['best_valid_loss']:.4f} "
+        f"at step {int(metrics['best_step'])} of {int(metrics['steps'])} -> "
+        f"{manifest['checkpoint']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Stage ``tune``: search one model's hyper-parameters on one corpus (Optuna + ASHA).
+
+    python -m stages.tune <model> <corpus> [--params params.yaml]
+
+Writes ``data/tune/<model>-<corpus>/best.json``; an interrupted search resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.config import Params, load_params
+from pipeline.errors import HiertxError
+from pipeline.train.run import tune_run
+
+
+def select_params(params: Params) -> Params:
+    """This stage reads ``tune``, ``train`` (the run's base knobs and scale) and
+    ``tracking``."""
+    return params
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("corpus")
+    parser.add_argument("--params", default="params.yaml")
+    args = parser.parse_args(argv)
+    try:
+        best = tune_run(select_params(load_params(args.params)), args.model, args.corpus)
+    except HiertxError as err:
+        print(f"tune {args.model} {args.corpus}: {err}", file=sys.stderr)
+        return 1
+    print(
+        f"{args.model} on {args.corpus}: best valid loss {best['valid_loss']:.4f} of "
+        f"{best['trials']} trials with {best['config']} {best['optimizer']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

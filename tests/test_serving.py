@@ -1,0 +1,126 @@
+"""The pyfunc's text -> batch -> answer path, without MLflow (fast)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, SPECIAL_TOKENS
+from pipeline.data.vocab import Vocab
+from pipeline.models import registry
+from pipeline.serving import HiertxModel, ServingSpec, encode_histories, lm_batch, select_batch
+from pipeline.train.checkpoint import save_checkpoint
+
+WORDS = [
+    "hi",
+    "there",
+    "how",
+    "are",
+    "you",
+    "fine",
+    "thanks",
+    "what",
+    "about",
+    "the",
+    "weather",
+    "today",
+    "is",
+    "nice",
+]
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Vocab:
+    return Vocab([*SPECIAL_TOKENS, *WORDS])
+
+
+def _served(tmp_path, vocab, name, task, **config) -> HiertxModel:
+    torch.manual_seed(0)
+    model = registry.build(name, len(vocab), **config)
+    ckpt = save_checkpoint(
+        {
+            "model_name": name,
+            "model_config": model.config.model_dump(mode="json"),
+            "model": model.state_dict(),
+        },
+        tmp_path / "model.pt",
+    )
+    vocab.save(tmp_path / "vocab.json")
+    spec = tmp_path / "serving.json"
+    spec.write_text(json.dumps({"task": task, "max_history": 12, "max_utterances": 3}))
+    served = HiertxModel()
+    served.load(ckpt, tmp_path / "vocab.json", spec)
+    return served
+
+
+def test_histories_keep_the_most_recent_tokens_and_alternate_speakers(vocab):
+    spec = ServingSpec("generate", max_history=9, max_utterances=3)
+    h = encode_histories([["hi there", "how are you", "fine thanks"], ["hi"]], vocab, spec)
+    # 4 utterances of 4 tokens > 9: only the last two are kept (oldest dropped whole)
+    first = h.input_ids[0][h.input_mask[0]].tolist()
+    assert first == [
+        BOS_ID,
+        *vocab.encode("how are you"),
+        EOS_ID,
+        BOS_ID,
+        *vocab.encode("fine thanks"),
+        EOS_ID,
+    ]
+    assert h.utt_index[0][h.input_mask[0]].tolist() == [0] * 5 + [1] * 4
+    assert h.utt_pos[0][:5].tolist() == [0, 1, 2, 3, 4]
+    # the response speaker is "self": the last utterance is the other party's
+    assert h.speaker[0][h.input_mask[0]].tolist() == [SPEAKER_SELF] * 5 + [SPEAKER_OTHER] * 4
+    assert h.input_mask[1].sum() == 3 and not h.input_mask[1][3:].any()
+
+
+def test_lm_pyfunc_returns_per_document_perplexity(tmp_path, vocab):
+    served = _served(tmp_path, vocab, "gpt", "lm", d_model=16, n_heads=2, n_layers=1, d_ff=32)
+    docs = [["hi there", "how are you today"], ["the weather is nice"]]
+    ppl = served.predict(None, pd.DataFrame({"document": docs}))
+    for doc, value in zip(docs, ppl, strict=True):
+        batch = lm_batch([doc], served.vocab, served.spec)
+        with torch.no_grad():
+            out = served.model.loss(batch)
+        assert value == pytest.approx(math.exp(float(out.nll_sum / out.n_tokens)), rel=1e-5)
+    assert 1.0 < ppl[0] < 10 * len(vocab)
+
+
+def test_select_pyfunc_scores_each_candidate_independently_of_padding(tmp_path, vocab):
+    served = _served(tmp_path, vocab, "dual_lstm", "select", d_embed=8, d_hidden=8)
+    rows = [
+        {
+            "history": ["hi there", "how are you"],
+            "candidates": ["fine thanks", "the weather", "hi"],
+        },
+        {"history": ["what about today"], "candidates": ["nice"]},
+    ]
+    scores = served.predict(None, rows)
+    assert [len(s) for s in scores] == [3, 1]
+    alone = served.predict(None, rows[1:])
+    assert alone[0] == pytest.approx(scores[1], abs=1e-5)
+    batch = select_batch([rows[0]["history"]], [rows[0]["candidates"]], served.vocab, served.spec)
+    with torch.no_grad():
+        assert scores[0] == pytest.approx(served.model.score(batch)[0].tolist(), abs=1e-5)
+
+
+def test_generate_pyfunc_needs_a_history_column(tmp_path, vocab):
+    served = _served(
+        tmp_path,
+        vocab,
+        "transformer",
+        "generate",
+        d_model=16,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        n_heads=2,
+        d_head=8,
+        d_ff=32,
+    )
+    answers = served.predict(None, [{"history": ["hi there", "how are you"]}], {"max_length": 5})
+    assert len(answers) == 1 and len(answers[0].split()) <= 5
+    with pytest.raises(ValueError, match="'history' column"):
+        served.predict(None, [{"text": "hi"}])

@@ -1,0 +1,110 @@
+"""Tiny models and in-memory data for the training tests (importable by Ray workers)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from pydantic import Field
+from torch import nn
+
+from pipeline.data.batch import GenerateBatch
+from pipeline.models.base import LossOutput, ModelConfig, TaskKind, select_batch_dim, token_loss
+from tests.batches import random_generate_batch
+
+VOCAB = 40
+
+
+class ToyConfig(ModelConfig):
+    d_model: int = Field(8, ge=1)
+    dropout: float = 0.0
+
+
+class ToyModel(nn.Module):
+    """Bag-of-words history + previous target token -> next target token. Padding-invariant
+    (masked mean), with optional dropout so RNG state matters."""
+
+    task = TaskKind.GENERATE
+
+    def __init__(self, config: ToyConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.mix = nn.Linear(2 * config.d_model, config.d_model)
+        self.out = nn.Linear(config.d_model, config.vocab_size)
+        self.drop = nn.Dropout(config.dropout)
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        h = batch.history
+        mask = h.input_mask.unsqueeze(-1).float()
+        context = (self.embed(h.input_ids) * mask).sum(1) / mask.sum(1).clamp(min=1)
+        prev = self.embed(batch.target_ids[:, :-1])
+        x = torch.cat([prev, context.unsqueeze(1).expand_as(prev)], dim=-1)
+        logits = self.out(self.drop(torch.tanh(self.mix(x))))
+        return token_loss(logits, batch.target_ids[:, 1:], batch.target_mask[:, 1:])
+
+
+@dataclass(frozen=True)
+class ToyFactory:
+    d_model: int = 8
+    dropout: float = 0.0
+
+    def __call__(self) -> nn.Module:
+        return ToyModel(ToyConfig(vocab_size=VOCAB, d_model=self.d_model, dropout=self.dropout))
+
+
+class PoolData:
+    """Batches of a fixed random example pool; global batch ``b`` of an epoch is split
+    across ranks in order, so W ranks together see exactly what one rank sees alone."""
+
+    def __init__(
+        self,
+        pool: GenerateBatch,
+        global_batch: int,
+        rank: int,
+        world: int,
+        seed: int,
+        shuffle: bool,
+    ) -> None:
+        self.pool, self.global_batch, self.rank, self.world = pool, global_batch, rank, world
+        self.seed, self.shuffle, self.epoch = seed, shuffle, 0
+        self.served: list[int] = []  # batches handed out (tests check skipping)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _order(self) -> np.ndarray:
+        n = self.pool.batch_size
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(n)
+
+    def __len__(self) -> int:
+        return self.pool.batch_size // self.global_batch
+
+    def iter_from(self, start: int) -> Iterator[GenerateBatch]:
+        order = self._order()
+        local = self.global_batch // self.world
+        for b in range(start, len(self)):
+            idx = order[b * self.global_batch :][self.rank * local : (self.rank + 1) * local]
+            self.served.append(b)
+            yield select_batch_dim(self.pool, torch.as_tensor(idx))  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class PoolFactory:
+    n_train: int = 32
+    n_valid: int = 8
+    global_batch: int = 4
+    seed: int = 0
+    valid_from_train: bool = False  # memorisable: validation loss falls as training goes
+
+    def __call__(self, rank: int, world: int) -> tuple[PoolData, PoolData]:
+        train = random_generate_batch(self.n_train, VOCAB, seed=11)
+        valid = random_generate_batch(self.n_valid, VOCAB, seed=11 if self.valid_from_train else 12)
+        return (
+            PoolData(train, self.global_batch, rank, world, self.seed, shuffle=True),
+            PoolData(valid, min(self.global_batch, self.n_valid), rank, world, self.seed, False),
+        )

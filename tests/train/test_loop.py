@@ -1,0 +1,201 @@
+"""The training loop in local mode: learning, early stopping, resume, checkpoints."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pipeline.config import RunParams, ScheduleKind, ScheduleParams
+from pipeline.data.batch import GenerateBatch
+from pipeline.models.base import LossOutput, TaskKind
+from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from pipeline.train.loop import TrainJob, train_local
+from pipeline.train.optim import lr_factor
+from tests.train.helpers import PoolFactory, ToyFactory
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_job(tmp: Path, name: str = "run", sink=None, **params) -> TrainJob:
+    base = {"epochs": 3, "batch_size": 4, "log_every": 1, "patience": None, "seed": 7}
+    return TrainJob(
+        name=name,
+        model_name="toy",
+        model=ToyFactory(dropout=params.pop("dropout", 0.0)),
+        data=PoolFactory(n_train=params.pop("n_train", 32), valid_from_train=True),
+        params=RunParams.model_validate({**base, **params, "optimizer": {"lr": 0.05}}),
+        run_dir=str(tmp),
+        sink=sink,
+        show_progress=False,
+    )
+
+
+@dataclass
+class ListSink:
+    """Collects metrics; ``fail_at`` raises after that step (an in-process 'kill')."""
+
+    log: list
+    fail_at: int | None = None
+
+    def __call__(self):
+        return self
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.log.append((step, dict(metrics)))
+        if self.fail_at is not None and step >= self.fail_at and "train_loss" in metrics:
+            raise KeyboardInterrupt(f"killed at step {step}")
+
+
+def test_loss_goes_down_and_checkpoint_holds_everything(tmp_path):
+    sink = ListSink([])
+    metrics = train_local(make_job(tmp_path, sink=sink, epochs=4))
+    evals = [m["valid_loss"] for _, m in sink.log if "valid_loss" in m]
+    train = [m["train_loss"] for _, m in sink.log if "train_loss" in m]
+    assert len(evals) == 4 and metrics["steps"] == 32
+    assert sum(train[-8:]) < sum(train[:8]) * 0.8
+    assert evals[-1] < evals[0]
+    assert metrics["best_valid_ppl"] == pytest.approx(math.exp(min(evals)))
+    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
+    assert state["progress"]["finished"] and state["progress"]["stop_reason"] == "epochs"
+    assert set(state) >= {"model", "optimizer", "scheduler", "rng", "best_model", "model_config"}
+    assert state["model_config"]["d_model"] == 8 and state["model_name"] == "toy"
+    # the checkpoint is loadable without unpickling code
+    raw = torch.load(tmp_path / "run" / CHECKPOINT_FILE, weights_only=True)
+    assert raw["progress"]["step"] == 32
+
+
+class _Scripted(nn.Module):
+    """Trains a real parameter; in eval mode reports a scripted validation loss."""
+
+    task = TaskKind.GENERATE
+
+    def __init__(self, script: list[float]) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+        self.script, self.evals = script, 0
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        n = batch.target_mask.sum()
+        if self.training:
+            loss = (self.w - 1.0).pow(2).sum()
+            return LossOutput(loss, loss.detach() * n, n)
+        value = self.script[min(self.evals, len(self.script) - 1)]
+        self.evals += 1
+        return LossOutput(torch.tensor(value), torch.tensor(value) * n, n)
+
+
+@dataclass(frozen=True)
+class _ScriptedFactory:
+    script: tuple[float, ...]
+
+    def __call__(self) -> nn.Module:
+        return _Scripted(list(self.script))
+
+
+def test_early_stopping_keeps_the_best_weights(tmp_path):
+    # one valid batch per evaluation; evaluations every 2 steps
+    job = replace(
+        make_job(tmp_path, patience=2, eval_every=2, epochs=50),
+        model=_ScriptedFactory((5.0, 4.0, 4.5, 4.0, 4.2, 1.0)),
+        data=PoolFactory(n_train=32, n_valid=4),
+    )
+    metrics = train_local(job)
+    # best at the 2nd evaluation (step 4); the 3rd and 4th (equal is no improvement) stop it
+    assert metrics["best_valid_loss"] == 4.0 and metrics["best_step"] == 4
+    assert metrics["steps"] == 8
+    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
+    assert state["progress"]["stop_reason"] == "early_stopping"
+    assert state["best_model"]["w"] != state["model"]["w"]
+
+
+def test_noam_and_linear_warmup_schedules():
+    noam = ScheduleParams(kind=ScheduleKind.NOAM, warmup_steps=4)
+    factors = [lr_factor(s, noam) for s in range(12)]
+    assert max(factors) == pytest.approx(1.0) and factors.index(max(factors)) == 3
+    assert factors[0] == pytest.approx(0.25) and factors[11] == pytest.approx((4 / 12) ** 0.5)
+    linear = ScheduleParams(kind=ScheduleKind.LINEAR_WARMUP, warmup_steps=4)
+    assert [lr_factor(s, linear) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(run_dir / CHECKPOINT_FILE)["model"]
+
+
+@pytest.mark.parametrize("fail_at", [2, 4, 8, 13])
+def test_interrupted_run_resumes_to_the_same_result(tmp_path, fail_at):
+    params = {"dropout": 0.3, "checkpoint_every": 3, "eval_every": 5, "epochs": 2}
+    full = train_local(make_job(tmp_path / "a", **params))
+    sink = ListSink([], fail_at=fail_at)
+    with pytest.raises(KeyboardInterrupt):
+        train_local(make_job(tmp_path / "b", sink=sink, **params))
+    saved = tmp_path / "b" / "run" / CHECKPOINT_FILE
+    assert saved.is_file() == (fail_at >= 3)  # the first checkpoint is at step 3
+    if saved.is_file():
+        before = load_checkpoint(saved)["progress"]
+        assert fail_at - 3 < before["step"] <= fail_at and not before["finished"]
+    resumed = train_local(make_job(tmp_path / "b", **params))
+    assert resumed == full
+    for k, v in _final_weights(tmp_path / "a" / "run").items():
+        assert torch.equal(v, _final_weights(tmp_path / "b" / "run")[k]), k
+
+
+_KILLED_RUN = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from tests.train.test_loop import ListSink, make_job
+    from pipeline.train.loop import train_local
+
+    class Killer(ListSink):
+        def log_metrics(self, metrics, step):
+            if step == int(sys.argv[2]) and "train_loss" in metrics:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    sink = Killer([]) if sys.argv[2] != "0" else None
+    params = {"dropout": 0.3, "checkpoint_every": 5, "epochs": 2}
+    print(train_local(make_job(Path(sys.argv[1]), sink=sink, **params)))
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigkilled_subprocess_resumes_to_the_same_result(tmp_path):
+    def run(folder: Path, kill_at: int) -> subprocess.CompletedProcess:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        return subprocess.run(
+            [sys.executable, "-c", _KILLED_RUN, str(folder), str(kill_at)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    full = run(tmp_path / "a", 0)
+    assert full.returncode == 0, full.stderr
+    killed = run(tmp_path / "b", 12)  # mid-epoch 2 (8 batches/epoch), after step 10's checkpoint
+    assert killed.returncode == -signal.SIGKILL
+    assert load_checkpoint(tmp_path / "b" / "run" / CHECKPOINT_FILE)["progress"]["step"] == 10
+    resumed = run(tmp_path / "b", 0)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.splitlines()[-1] == full.stdout.splitlines()[-1]
+    for k, v in _final_weights(tmp_path / "a" / "run").items():
+        assert torch.equal(v, _final_weights(tmp_path / "b" / "run")[k]), k
+
+
+def test_max_steps_and_max_batches_per_epoch(tmp_path):
+    metrics = train_local(make_job(tmp_path, epochs=5, max_batches_per_epoch=3, max_steps=7))
+    assert metrics["steps"] == 7 and metrics["epochs"] == 2
+    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
+    assert state["progress"]["stop_reason"] == "max_steps"
+    assert state["progress"]["last_eval_step"] == 7  # the final weights were evaluated

@@ -1,0 +1,135 @@
+"""The train stage's logic: params checked before compute, then a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.config import parse_params
+from pipeline.data.loader import load_vocab
+from pipeline.decode import DecodeConfig, generate
+from pipeline.errors import ConfigError
+from pipeline.serving import ServingSpec, generate_batch
+from pipeline.train.checkpoint import load_checkpoint
+from pipeline.train.job import RegistryModel
+from pipeline.train.run import Layout, plan_train, plan_tune, train_run
+from tests.train.conftest import stage_params
+
+
+def _error(raw: dict, project: Path, model: str = "transformer") -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        plan_train(parse_params(raw), model, "chitchat", Layout(project))
+    return caught.value
+
+
+def test_bad_params_name_the_key_before_any_compute(project):
+    with pytest.raises(ConfigError) as caught:
+        parse_params(stage_params(train={"defaults": {"optimizer": {"lr": -1}}}))
+    assert caught.value.key == "train.defaults.optimizer.lr"
+
+    raw = stage_params()
+    raw["train"]["models"]["transformer"]["model"] = {"n_heads": 0}
+    assert _error(raw, project).key == "train.models.transformer.model.n_heads"
+
+    raw = stage_params()
+    raw["train"]["scale"] = {"num_workers": 2}
+    raw["train"]["defaults"]["batch_size"] = 15
+    assert _error(raw, project).key == "train.batch_size"
+
+    raw = stage_params()
+    raw["train"]["runs"]["hrt_last-chitchat"] = {"model": "hrt_last", "corpus": "chitchat"}
+    err = _error(raw, project, "hrt_last")
+    assert err.key == "train.runs.hrt_last-chitchat" and "select model" in err.reason
+
+    with pytest.raises(ConfigError, match=r"runs\.oops: must be named 'transformer-chitchat'"):
+        parse_params(
+            stage_params(train={"runs": {"oops": {"model": "transformer", "corpus": "chitchat"}}})
+        )
+
+
+def test_tuned_run_needs_the_tune_result_and_uses_it(project, tmp_path):
+    raw = stage_params()
+    run = raw["train"].pop("runs")
+    raw["train"]["runs"] = {}
+    raw["tune"] = {
+        "runs": run,
+        "spaces": {"transformer": {"model": {"n_heads": {"kind": "int", "low": 1, "high": 2}}}},
+    }
+    layout = Layout(project)
+    with pytest.raises(ConfigError, match="run the tune stage first"):
+        plan_train(parse_params(raw), "transformer", "chitchat", layout)
+    best = layout.tune_out("transformer-chitchat") / "best.json"
+    best.parent.mkdir(parents=True)
+    best.write_text(json.dumps({"config": {"n_heads": 1}, "optimizer": {"lr": 0.01}}))
+    try:
+        plan = plan_train(parse_params(raw), "transformer", "chitchat", layout)
+    finally:
+        best.unlink()
+    assert plan.config["n_heads"] == 1 and plan.config["d_model"] == 16
+    assert plan.params.optimizer.lr == 0.01 and plan.tuned_from is not None
+
+    raw["tune"]["spaces"]["transformer"]["model"]["n_hedas"] = {"kind": "int", "low": 1, "high": 2}
+    with pytest.raises(ConfigError) as caught:
+        plan_tune(parse_params(raw), "transformer", "chitchat", layout)
+    assert caught.value.key == "tune.spaces.transformer.model.n_hedas"
+
+
+def test_per_model_and_per_run_overrides_merge_over_defaults():
+    raw = stage_params()
+    raw["train"]["models"]["transformer"]["optimizer"] = {"lr": 0.5}
+    raw["train"]["runs"]["transformer-chitchat"]["overrides"] = {
+        "epochs": 9,
+        "model": {"d_ff": 64},
+        "optimizer": {"betas": [0.8, 0.9]},
+    }
+    run = parse_params(raw).train.run("transformer", "chitchat")
+    assert run.epochs == 9 and run.batch_size == 16  # run, defaults
+    assert run.optimizer.lr == 0.5 and run.optimizer.betas == (0.8, 0.9)  # model, run
+    assert run.model == {**run.model, "d_ff": 64, "d_model": 16}
+
+
+@pytest.mark.slow
+def test_train_stage_end_to_end_with_mlflow_and_pyfunc(project, monkeypatch):
+    uri = f"sqlite:///{project / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    manifest = train_run(parse_params(stage_params()), "transformer", "chitchat", project, False)
+
+    out = project / "data" / "train" / "transformer-chitchat"
+    assert json.loads((out / "manifest.json").read_text()) == json.loads(json.dumps(manifest))
+    assert manifest["checkpoint"] == "data/train/transformer-chitchat/model.pt"
+    assert manifest["metrics"]["steps"] == 6 and manifest["metrics"]["epochs"] == 2
+    mf = manifest["mlflow"]
+    assert mf["model_version"] == "1" and mf["registered_model"] == "hiertx-transformer-chitchat"
+    assert not mf["fallback"] and mf["experiment"] == "hiertx/generate/chitchat"
+
+    client = mlflow.tracking.MlflowClient(uri)
+    run = client.get_run(mf["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.optimizer.lr"] == "0.003"
+    assert run.data.tags["hiertx.model"] == "transformer" and "hiertx.git_commit" in run.data.tags
+    assert len(client.get_metric_history(run.info.run_id, "valid_loss")) == 2
+    artifacts = {
+        a.path
+        for folder in ("tokenizer", "checkpoint", "samples")
+        for a in client.list_artifacts(run.info.run_id, folder)
+    }
+    assert artifacts == {"tokenizer/vocab.json", "checkpoint/model.pt", "samples/generations.txt"}
+
+    # the registered pyfunc answers like the exported checkpoint decoded in-process
+    history = [["hi , how are you today ?", "good thanks , and you ?"], ["what do you do ?"]]
+    pyfunc = mlflow.pyfunc.load_model(f"models:/{mf['registered_model']}/{mf['model_version']}")
+    answers = pyfunc.predict(pd.DataFrame({"history": history}))
+    state = load_checkpoint(out / "model.pt")
+    model = RegistryModel(state["model_name"], state["model_config"])()
+    model.load_state_dict(state["model"])
+    vocab = load_vocab(project / "data" / "shards" / "chitchat")
+    spec = ServingSpec("generate", max_history=40, max_utterances=4, max_response=12)
+    with torch.no_grad():
+        ref = generate(model, generate_batch(history, vocab, spec), DecodeConfig(max_length=12))
+    expected = [vocab.decode(r[:n].tolist()) for r, n in zip(ref.tokens, ref.lengths, strict=True)]
+    assert list(answers) == expected and all(isinstance(a, str) for a in answers)

@@ -1,0 +1,109 @@
+"""Ray Tune + Optuna + ASHA over the loop: search space, trials as MLflow child runs,
+best config written, and a rerun resumes the finished search."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+
+from pipeline.config import RunParams, SearchSpace, TuneParams, parse_params
+from pipeline.train.run import tune_run
+from pipeline.train.tune import param_space, trial_params
+from tests.train.conftest import stage_params
+
+
+def test_search_space_bounds_are_inclusive_and_typed():
+    space = SearchSpace.model_validate(
+        {
+            "model": {
+                "n_heads": {"kind": "int", "low": 2, "high": 3},
+                "d_head": {"kind": "int", "low": 24, "high": 40, "step": 8},
+                "dropout": {"kind": "float", "low": 0.1, "high": 0.8},
+                "mask": {"kind": "choice", "choices": ["hier", "naacl"]},
+            },
+            "optimizer": {"lr": {"kind": "log_float", "low": 1e-5, "high": 1e-3}},
+        }
+    )
+    dims = param_space(space)
+    seen = {
+        k: {dims["model"][k].sample() for _ in range(200)} for k in ("n_heads", "d_head", "mask")
+    }
+    assert seen == {"n_heads": {2, 3}, "d_head": {24, 32, 40}, "mask": {"hier", "naacl"}}
+    lrs = [dims["optimizer"]["lr"].sample() for _ in range(100)]
+    assert all(1e-5 <= v <= 1e-3 for v in lrs) and min(lrs) < 1e-4 < max(lrs)
+    assert all(0.1 <= dims["model"]["dropout"].sample() <= 0.8 for _ in range(50))
+
+
+def test_bad_search_dimensions_are_rejected():
+    with pytest.raises(ValueError, match="low: must not exceed high"):
+        SearchSpace.model_validate({"model": {"x": {"kind": "int", "low": 3, "high": 2}}})
+    with pytest.raises(ValueError, match="not optimizer params"):
+        SearchSpace.model_validate({"optimizer": {"lrr": {"kind": "float", "low": 0, "high": 1}}})
+
+
+def test_trial_params_apply_the_sample_and_the_trial_budget():
+    base = RunParams(epochs=30, patience=3, eval_every=100, model={"d_model": 16, "n_heads": 4})
+    sampled = {"model": {"n_heads": 2}, "optimizer": {"lr": 0.01}}
+    p = trial_params(base, TuneParams(epochs_per_trial=5), sampled)
+    assert p.model == {"d_model": 16, "n_heads": 2} and p.optimizer.lr == 0.01
+    assert (p.epochs, p.patience, p.eval_every) == (5, None, None)
+
+
+@pytest.mark.slow
+def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, monkeypatch):
+    uri = f"sqlite:///{project / 'mlflow-tune.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    raw = stage_params()
+    raw["tune"] = {
+        "runs": raw["train"].pop("runs"),
+        "trials": 3,
+        "concurrency": 2,
+        "epochs_per_trial": 2,
+        "reduction_factor": 2,
+        "spaces": {
+            "transformer": {
+                "model": {
+                    "n_heads": {"kind": "int", "low": 1, "high": 2},
+                    "dropout": {"kind": "float", "low": 0.0, "high": 0.3},
+                },
+                "optimizer": {"lr": {"kind": "log_float", "low": 1e-3, "high": 1e-2}},
+            }
+        },
+    }
+    raw["train"]["defaults"]["max_batches_per_epoch"] = 2
+    params = parse_params(raw)
+    best = tune_run(params, "transformer", "chitchat", project)
+
+    path = project / "data" / "tune" / "transformer-chitchat" / "best.json"
+    assert json.loads(path.read_text()) == json.loads(json.dumps(best))
+    assert set(best["config"]) == {"n_heads", "dropout"} and set(best["optimizer"]) == {"lr"}
+    assert best["trials"] == 3 and best["errored_trials"] == 0
+
+    client = mlflow.tracking.MlflowClient(uri)
+    exp = client.get_experiment_by_name("hiertx/generate/chitchat")
+    runs = client.search_runs([exp.experiment_id])
+    parent = [r for r in runs if r.info.run_id == best["parent_run_id"]]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == best["parent_run_id"]]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert len(children) == 3
+    assert parent[0].data.metrics["best_valid_loss"] == pytest.approx(best["valid_loss"])
+    losses = [
+        min(m.value for m in client.get_metric_history(c.info.run_id, "valid_loss"))
+        for c in children
+    ]
+    assert min(losses) == pytest.approx(best["valid_loss"])
+    sampled = {
+        (c.data.params["sampled.model.n_heads"], c.data.params["sampled.optimizer.lr"])
+        for c in children
+    }
+    assert len(sampled) == 3  # TPE proposed three different configs
+
+    # a rerun of the same search restores it: no new trials, same answer
+    again = tune_run(params, "transformer", "chitchat", project)
+    assert again["config"] == best["config"] and again["valid_loss"] == best["valid_loss"]
+    children = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("mlflow.parentRunId")
+    ]
+    assert len(children) == 3
