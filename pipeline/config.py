@@ -563,3 +563,46 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     if not isinstance(raw, dict):
         raise ConfigError("params", f"{path} must hold a mapping at the top level")
     return parse_params(raw)
+
+
+# --------------------------------------------------------------------------- stage slices
+
+_SEARCH_KNOBS = (
+    "trials",
+    "concurrency",
+    "epochs_per_trial",
+    "grace_period",
+    "reduction_factor",
+    "seed",
+    "cpus_per_trial",
+)
+
+
+def run_slice(params: Params, key: str, search: bool = False) -> Params:
+    """The part of ``params`` that the train (or, with ``search``, the tune) stage of run
+    ``key`` reads, as a ``Params``: the run's entry, ``train.defaults/models/scale``,
+    ``tracking`` and its corpus' ``tokenize`` settings; a tuned run adds its search space,
+    ``search`` the search's own knobs. The stages pass on only this slice, so each
+    ``dvc.yaml`` stage declares exactly what its results depend on (tests/test_dvc.py)."""
+    tuned = key in params.tune.runs
+    if not tuned and key not in params.train.runs:
+        raise ConfigError("train.runs", f"no run {key!r} in train.runs or tune.runs")
+    target = (params.tune.runs if tuned else params.train.runs)[key]
+    corpus = CorpusName(target.corpus)
+    tune: dict[str, Any] = {"runs": {}, "spaces": {}}
+    if tuned:
+        tune = {"runs": {key: target}, "spaces": {target.model: params.tune.spaces[target.model]}}
+    if search:
+        tune |= {name: getattr(params.tune, name) for name in _SEARCH_KNOBS}
+    return Params.model_construct(
+        corpora=(corpus,),
+        tokenize=TokenizeParams.model_construct(corpora={corpus: params.tokenize.corpora[corpus]}),
+        train=TrainParams.model_construct(
+            defaults=params.train.defaults,
+            models=params.train.models,
+            scale=params.train.scale,
+            runs={} if tuned else {key: target},
+        ),
+        tune=TuneParams.model_construct(**tune),
+        tracking=params.tracking,
+    )

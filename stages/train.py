@@ -13,15 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import Params, load_params
+from pipeline.config import Params, load_params, run_key, run_slice
 from pipeline.errors import HiertxError
 from pipeline.train.seeds import train_seeds
 
 
-def select_params(params: Params) -> Params:
-    """This stage reads ``train``, ``tune.runs``, ``tracking`` and the corpus' ``tokenize``
-    limits (``params:`` of ``train`` in dvc.yaml)."""
-    return params
+def select_params(params: Params, key: str) -> Params:
+    """What this stage reads (``params:`` of ``train`` in dvc.yaml): the run's entry,
+    ``train.defaults/models/scale``, ``tracking``, the corpus' ``tokenize`` settings and,
+    for a tuned run, its search space."""
+    return run_slice(params, key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     try:
-        params = select_params(load_params(args.params))
+        params = select_params(load_params(args.params), run_key(args.model, args.corpus))
         manifest = train_seeds(params, args.model, args.corpus, show_progress=not args.no_progress)
     except HiertxError as err:
         print(f"train {args.model} {args.corpus}: {err}", file=sys.stderr)

@@ -10,15 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import Params, load_params
+from pipeline.config import Params, load_params, run_key, run_slice
 from pipeline.errors import HiertxError
 from pipeline.train.run import tune_run
 
 
-def select_params(params: Params) -> Params:
-    """This stage reads ``tune``, ``train`` (the run's base knobs and scale) and
-    ``tracking``."""
-    return params
+def select_params(params: Params, key: str) -> Params:
+    """What this stage reads (``params:`` of ``tune`` in dvc.yaml): the search's knobs and
+    space, the run's entry, ``train.defaults/models/scale``, ``tracking`` and the corpus'
+    ``tokenize`` settings."""
+    return run_slice(params, key, search=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
     try:
-        best = tune_run(select_params(load_params(args.params)), args.model, args.corpus)
+        best = tune_run(
+            select_params(load_params(args.params), run_key(args.model, args.corpus)),
+            args.model,
+            args.corpus,
+        )
     except HiertxError as err:
         print(f"tune {args.model} {args.corpus}: {err}", file=sys.stderr)
         return 1

@@ -153,6 +153,16 @@ class HierarchicalGPT(LanguageModel):
             return Stage.JOINT
         return Stage.SENTENCE if step < self.config.stage_one_steps else Stage.DOCUMENT
 
+    def on_train_step(self, step: int, epoch: int) -> None:
+        """Training-loop hook (``pipeline.train.loop``): follow the two-stage schedule.
+
+        Frozen parameters get no gradient, so the one optimizer the loop builds skips them;
+        under DDP a switch needs a re-wrap, so two-stage training runs with one worker.
+        """
+        stage = self.stage_for_step(step)
+        if stage != self.stage:
+            self.set_stage(stage)
+
     # ------------------------------------------------------------------ blocks
 
     def encode_sentences(self, ids: Tensor, mask: Tensor) -> Tensor:

@@ -239,3 +239,17 @@ def test_overfits_a_small_real_ptb_batch(name: str) -> None:
         out.loss.backward()
         optimizer.step()
     assert out.loss.item() < first / 2
+
+
+def test_training_loop_hook_follows_the_two_stage_schedule() -> None:
+    model = registry.build("hgpt", 50, **{**SMALL, "training": "two_stage", "stage_one_steps": 3})
+    stages = []
+    for step in range(5):
+        model.on_train_step(step, epoch=0)
+        stages.append(model.stage)
+    assert stages == [Stage.SENTENCE] * 3 + [Stage.DOCUMENT] * 2
+    assert all(p.requires_grad for p in model.document_parameters())
+    assert not model.embed.weight.requires_grad
+    joint = registry.build("hgpt", 50, **SMALL)
+    joint.on_train_step(10**6, epoch=3)
+    assert joint.stage == Stage.JOINT
