@@ -7,6 +7,7 @@ dotted key (``tokenize.generate.max_history: Input should be greater than 0``).
 from __future__ import annotations
 
 import enum
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -548,7 +549,13 @@ def parse_params(raw: dict[str, Any]) -> Params:
         return Params.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
-        raise ConfigError(_dotted(first["loc"]), first["msg"]) from None
+        key, reason = _dotted(first["loc"]), first["msg"]
+        # cross-field validators raise ValueError("field: reason"): name the field too
+        field, sep, rest = reason.removeprefix("Value error, ").partition(": ")
+        if sep and re.fullmatch(r"[A-Za-z_][\w.-]*", field):
+            key = field if key == "params" else f"{key}.{field}"
+            reason = rest
+        raise ConfigError(key, reason) from None
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

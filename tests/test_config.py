@@ -85,3 +85,12 @@ def test_load_params_reports_missing_and_malformed_files(tmp_path: Path) -> None
 
 def test_defaults_are_a_valid_params_object() -> None:
     assert isinstance(parse_params({"tokenize": {"corpora": {"chitchat": {}}}}), Params)
+
+
+def test_cross_field_errors_name_the_field(shipped: dict) -> None:
+    raw = copy.deepcopy(shipped)
+    raw["tune"]["runs"]["unet-chitchat"] = {"model": "unet", "corpus": "chitchat"}
+    with pytest.raises(ConfigError) as err:
+        parse_params(raw)
+    assert err.value.key == "tune.runs.unet-chitchat"
+    assert "tune.spaces has no entry for 'unet'" in err.value.reason
