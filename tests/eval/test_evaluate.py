@@ -115,7 +115,7 @@ def test_evaluate_params_need_greedy_and_distinct_suffixes():
         parse_params({"evaluate": {"decodes": [{}, {"strategy": "greedy"}]}})
     with pytest.raises(ConfigError) as caught:
         parse_params({"evaluate": {"models": {"hier": [{"strategy": "beam"}]}}})
-    assert caught.value.key == "evaluate.models" and "hier" in caught.value.reason
+    assert caught.value.key == "evaluate.models.hier" and "greedy" in caught.value.reason
     with pytest.raises(ConfigError) as caught:
         parse_params({"train": {"defaults": {"seeds": 0}}})
     assert caught.value.key == "train.defaults.seeds"
