@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -67,9 +68,14 @@ def mlflow_server(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_server_shows_run_metrics_and_registered_model(project, mlflow_server, monkeypatch):
+def test_server_shows_run_metrics_and_registered_model(
+    project, mlflow_server, monkeypatch, tmp_path
+):
+    # a project of its own: training in the shared one would resume that project's run
+    own = tmp_path / "project"
+    shutil.copytree(project / "data" / "shards", own / "data" / "shards")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    manifest = train_run(parse_params(stage_params()), "transformer", "chitchat", project, False)
+    manifest = train_run(parse_params(stage_params()), "transformer", "chitchat", own, False)
     mf = manifest["mlflow"]
     assert not mf["fallback"], "training must log to the server, not to the local fallback"
 
@@ -94,9 +100,8 @@ def test_server_shows_run_metrics_and_registered_model(project, mlflow_server, m
     best = min(m["value"] for m in history)
     assert best == pytest.approx(manifest["metrics"]["best_valid_loss"], rel=1e-6)
 
-    models = _call(mlflow_server, "/api/2.0/mlflow/registered-models/search", {"max_results": 10})[
-        "registered_models"
-    ]
+    search = "/api/2.0/mlflow/registered-models/search?max_results=10"  # GET, unlike runs
+    models = _call(mlflow_server, search)["registered_models"]
     registered = next(m for m in models if m["name"] == mf["registered_model"])
     versions = registered["latest_versions"]
     assert any(
