@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup repro test lint bench clean-runs
+.PHONY: setup repro test lint bench
 
 # torch first: its CPU wheel is pinned; a looser resolve would pull several GB of CUDA wheels.
 $(VENV)/.installed: pyproject.toml
@@ -26,3 +26,6 @@ test: setup  ## the whole test suite (slow tests included)
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: setup  ## training throughput against BART and torch.nn.Transformer (bench/RESULTS.md)
+	$(BIN)/python -m bench.bench_train

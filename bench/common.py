@@ -1,0 +1,259 @@
+"""Shared timing helpers for the benchmarks in ``bench/``.
+
+Every benchmark compares candidates measured in the SAME run: repetitions are interleaved
+(round-robin, the order rotated each round so no candidate always runs right after another
+one), warm-up calls are excluded, and the median of N is reported next to its
+inter-quartile range. On a shared machine the load average is recorded with the numbers
+(``Environment``), since a loaded machine slows every candidate but not equally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline.data.batch import GenerateBatch, History
+from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, SPECIAL_TOKENS
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Wall-clock seconds of one candidate's timed repetitions (warm-up excluded)."""
+
+    name: str
+    seconds: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def iqr(self) -> tuple[float, float]:
+        """First and third quartiles (both the median with fewer than two samples)."""
+        if len(self.seconds) < 2:
+            return self.median, self.median
+        q1, _, q3 = statistics.quantiles(self.seconds, n=4, method="inclusive")
+        return q1, q3
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the numbers were measured on: recorded with every result table."""
+
+    date: str
+    cpu: str
+    cores: int
+    threads: int
+    torch: str
+    device: str
+    load: tuple[float, float, float]
+    command: str
+
+    def markdown(self) -> str:
+        load = ", ".join(f"{x:.2f}" for x in self.load)
+        return "\n".join(
+            [
+                f"- date: {self.date}; command: `{self.command}`",
+                f"- machine: {self.cpu}, {self.cores} cores, torch {self.torch} "
+                f"({self.threads} intra-op threads), device {self.device}",
+                f"- load average at start (1/5/15 min): {load}",
+            ]
+        )
+
+
+def environment(device: str = "cpu") -> Environment:
+    """The current machine, torch build, thread count, load average and command line."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = f"{device} ({torch.cuda.get_device_name()})"
+    return Environment(
+        date=datetime.date.today().isoformat(),
+        cpu=cpu,
+        cores=os.cpu_count() or 1,
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        device=device,
+        load=os.getloadavg(),
+        command=command_line(),
+    )
+
+
+def command_line() -> str:
+    """How this process was started (``python -m module`` when run as a module), with the
+    thread-count variables that change timings."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
+    env = [
+        f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ
+    ]
+    return " ".join([*env, *head, *map(shlex.quote, sys.argv[1:])])
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued GPU work so wall-clock times cover it (no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved(
+    cases: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    device: torch.device | str = "cpu",
+) -> dict[str, Samples]:
+    """Time each case ``repeats`` times, round-robin, after ``warmup`` untimed calls each.
+
+    Round ``r`` starts at case ``r mod n``, so slow drifts of the machine (another
+    process starting, thermal state) spread over every case instead of one.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(cases)
+    for name in names:
+        for _ in range(warmup):
+            cases[name]()
+    synchronize(device)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            synchronize(device)
+            start = time.perf_counter()
+            cases[name]()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: Samples(name, tuple(times[name])) for name in names}
+
+
+def number(value: float) -> str:
+    """3 significant digits, without exponent notation for large values."""
+    return f"{value:.3g}" if abs(value) < 1e3 else f"{value:,.0f}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub markdown table; floats get 3 significant digits."""
+
+    def cell(value: object) -> str:
+        return number(value) if isinstance(value, float) else str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def timing_cells(samples: Samples, scale: float = 1e3) -> list[object]:
+    """``[median, "q1-q3"]`` in milliseconds (``scale``) for a table row."""
+    q1, q3 = samples.iqr
+    return [samples.median * scale, f"{number(q1 * scale)}-{number(q3 * scale)}"]
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """Arguments every benchmark takes: repetitions, warm-up, threads, device, dtype."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--repeats", type=int, default=7, help="timed repetitions per case")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per case first")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="autocast dtype")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def setup(args: argparse.Namespace) -> Environment:
+    """Apply the common arguments (threads, seed, device check) and describe the run."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
+    return environment(args.device)
+
+
+@contextlib.contextmanager
+def autocast(device: torch.device | str, dtype: str) -> Iterator[None]:
+    """Mixed precision for ``dtype`` other than fp32 (weights stay fp32)."""
+    if dtype == "fp32":
+        yield
+        return
+    with torch.autocast(torch.device(device).type, dtype=DTYPES[dtype]):
+        yield
+
+
+def synthetic_batch(
+    batch_size: int = 16,
+    history: int = 150,
+    target: int = 30,
+    vocab_size: int = 20000,
+    utterance: tuple[int, int] = (5, 25),
+    seed: int = 0,
+) -> GenerateBatch:
+    """A ``GenerateBatch`` with a realistic layout and random words.
+
+    Row ``i``'s history is cut from utterances of ``utterance`` (min, max) tokens (``<bos>
+    .. <eos>`` included) to a length spread evenly from ``history`` (row 0) down to 60%
+    of it, keeping the most recent tokens as the tokenizer does; targets likewise from
+    ``target`` down to 60%. So rows carry different amounts of padding, as after
+    length bucketing, and every model sees the same tokens.
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def words(n: int) -> list[int]:
+        return torch.randint(len(SPECIAL_TOKENS), vocab_size, (n,), generator=g).tolist()
+
+    def length(i: int, full: int) -> int:
+        return max(2, round(full * (1.0 - 0.4 * i / max(batch_size - 1, 1))))
+
+    ids = torch.zeros(batch_size, history, dtype=torch.long)
+    utt_index, utt_pos, speaker = (torch.zeros_like(ids) for _ in range(3))
+    targets = torch.zeros(batch_size, target, dtype=torch.long)
+    lo, hi = utterance
+    for i in range(batch_size):
+        want = length(i, history)
+        utts: list[list[int]] = []
+        while sum(map(len, utts)) < want:
+            n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+            utts.insert(0, [BOS_ID, *words(max(n - 2, 1)), EOS_ID])
+        row, idx, pos, spk = [], [], [], []
+        for u, utt in enumerate(utts):
+            who = SPEAKER_SELF if (len(utts) - u) % 2 == 0 else SPEAKER_OTHER
+            row += utt
+            idx += [u] * len(utt)
+            pos += range(len(utt))
+            spk += [who] * len(utt)
+        cut = len(row) - want  # keep the most recent tokens; the first utterance is truncated
+        first = idx[cut]
+        ids[i, :want] = torch.tensor(row[cut:])
+        utt_index[i, :want] = torch.tensor(idx[cut:]) - first
+        # The truncated first utterance's positions restart at 0 (its first kept token).
+        kept_pos = torch.tensor(pos[cut:])
+        kept_pos[torch.tensor(idx[cut:]) == first] -= pos[cut]
+        utt_pos[i, :want] = kept_pos
+        speaker[i, :want] = torch.tensor(spk[cut:])
+        n_target = length(i, target)
+        targets[i, :n_target] = torch.tensor([BOS_ID, *words(n_target - 2), EOS_ID])
+    mask = ids != 0
+    return GenerateBatch(
+        history=History(ids, mask, utt_index, utt_pos, speaker),
+        target_ids=targets,
+        target_mask=targets != 0,
+        turn=utt_index.max(1).values + 1,
+        dialogue_id=tuple(f"synthetic-{i}" for i in range(batch_size)),
+    )

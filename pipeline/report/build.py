@@ -1,0 +1,292 @@
+"""Assemble ``reports/``: ``report.md`` (overview, paper-shaped tables, figures),
+``tables.json``, the PNG figures and ``curves/<run>.csv`` (validation loss per step, for
+``dvc plots show``); log the same as artifacts of a run in the MLflow experiment
+``<prefix>/report``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import warnings
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pipeline import tracking
+from pipeline.config import Params, Task
+from pipeline.data.loader import load_vocab, open_split
+from pipeline.models.unet import UNetConfig
+from pipeline.report import plots
+from pipeline.report.results import RunResult, load_results
+from pipeline.report.tables import (
+    Table,
+    build_tables,
+    overview,
+    overview_markdown,
+    table_json,
+    table_markdown,
+)
+
+REPORT_FILE = "report.md"
+TABLES_FILE = "tables.json"
+CURVES_DIR = "curves"
+VALID_LOSS_KEY = "valid_loss"  # what the train loop logs at each evaluation
+UNET_FAMILY = ("unet", "unet_linear", "unet_per_layer_att", "transformer_skip_conv")
+MASK_SPLIT = "test"
+
+
+@dataclass(frozen=True)
+class Figures:
+    learning_curves: Path
+    metric_bars: Path
+    length_vs_loss: Path | None
+    attention_masks: Path | None
+    unet_widths: Path
+
+
+@dataclass(frozen=True)
+class Report:
+    path: Path
+    tables: list[Table]
+    figures: Figures
+    mlflow_run_id: str | None
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def read_curves(run: RunResult) -> list[plots.Curve]:
+    """Each trained seed's validation loss history from its MLflow run (none without)."""
+    curves = []
+    for trained in run.trained:
+        if trained.mlflow_uri is None or trained.mlflow_run_id is None:
+            continue
+        try:
+            points = tracking.metric_history(
+                trained.mlflow_uri, trained.mlflow_run_id, VALID_LOSS_KEY
+            )
+        except Exception as err:  # a store gone or moved must not sink the whole report
+            warnings.warn(
+                f"{run.key}: no learning curve ({type(err).__name__}: {err})", stacklevel=2
+            )
+            continue
+        if points:
+            label = run.key if len(run.trained) == 1 else f"{run.key}-seed{trained.seed}"
+            steps, values = zip(*points, strict=True)
+            curves.append(plots.Curve(label, run.task, tuple(steps), tuple(values)))
+    return curves
+
+
+def write_curve_csv(curve: plots.Curve, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", VALID_LOSS_KEY])
+        writer.writerows(zip(curve.steps, curve.values, strict=True))
+    return path
+
+
+@dataclass(frozen=True)
+class MaskExample:
+    """One real test history (batch of one) with its token strings."""
+
+    corpus: str
+    dialogue_id: str
+    turn: int
+    history: object
+    tokens: list[str]
+
+
+def mask_example(
+    params: Params, root: Path, min_utterances: int = 3, max_tokens: int = 36
+) -> MaskExample | None:
+    """The first test history of the first generate corpus with at least
+    ``min_utterances`` utterances and at most ``max_tokens`` tokens (small enough to read
+    every token on the figure's axes); None if no corpus has one."""
+    for corpus in params.corpora:
+        if Task.GENERATE not in params.corpus(corpus).tasks:
+            continue
+        shards = root / "data" / "shards" / corpus.value
+        dataset = open_split(shards, Task.GENERATE, MASK_SPLIT)
+        vocab = load_vocab(shards)
+        for index in range(len(dataset)):
+            example = dataset[index]
+            n_utt = int(example.utt_index.max()) + 1 if len(example.utt_index) else 0
+            if n_utt >= min_utterances and len(example.input_ids) <= max_tokens:
+                batch = dataset.collate([example])
+                tokens = [vocab.decode([int(i)], strip_special=False) for i in example.input_ids]
+                return MaskExample(
+                    corpus.value, example.dialogue_id, int(example.turn), batch.history, tokens
+                )
+    return None
+
+
+def unet_configs(runs: list[RunResult], vocab_size: int = 20000) -> list[tuple[str, UNetConfig]]:
+    """The paper's U-Net and every trained U-Net-family run's config."""
+    configs = [("U-Net paper (d=256, 6 layers)", UNetConfig(vocab_size=vocab_size))]
+    for run in runs:
+        if run.model in UNET_FAMILY:
+            configs.append((f"{run.key} (as trained)", UNetConfig.model_validate(run.model_config)))
+    return configs
+
+
+# --------------------------------------------------------------------------- output
+
+
+def make_figures(params: Params, root: Path, out: Path, runs: list[RunResult]) -> Figures:
+    curves = [c for r in runs for c in read_curves(r)]
+    for curve in curves:
+        write_curve_csv(curve, out / CURVES_DIR / f"{curve.key}.csv")
+    generate = [r for r in runs if r.task == Task.GENERATE.value]
+    example = mask_example(params, root)
+    return Figures(
+        learning_curves=plots.learning_curves(curves, out / "learning_curves.png"),
+        metric_bars=plots.metric_bars(runs, out / "metrics.png"),
+        length_vs_loss=plots.length_vs_loss(generate, out / "length_vs_loss.png")
+        if generate
+        else None,
+        attention_masks=plots.attention_masks(
+            example.history,  # type: ignore[arg-type]
+            example.tokens,
+            out / "attention_masks.png",
+            f"{example.corpus} test history {example.dialogue_id} (turn {example.turn})",
+        )
+        if example is not None
+        else None,
+        unet_widths=plots.unet_widths(unet_configs(runs), out / "unet_widths.png"),
+    )
+
+
+def _figure_md(title: str, path: Path | None, out: Path, caption: str) -> str:
+    if path is None:
+        return ""
+    return f"### {title}\n\n![{title}]({path.relative_to(out)})\n\n{caption}\n"
+
+
+def render(
+    runs: list[RunResult], tables: list[Table], figures: Figures, out: Path, n_samples: int
+) -> str:
+    """The text of ``report.md``."""
+    seeds = sorted({len(r.seeds) for r in runs})
+    parts = [
+        "# hiertx report",
+        "",
+        f"Generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by `dvc repro` (stage `report`) "
+        f"from {len(runs)} trained runs ({'/'.join(map(str, seeds))} seed(s) each).",
+        "",
+        "## Runs",
+        "",
+        overview_markdown(overview(runs)),
+        "",
+        "Params: trainable parameters. Valid CE: best validation cross-entropy (nats/token). "
+        "Headline: test perplexity (generate, lm) or Recall@10 (select).",
+        "",
+        "## Results in the papers' format",
+        "",
+        "Cells: mean ± 95% confidence half-width over seeds (Student t; no interval with "
+        "one seed). ▲/▼: significantly better/worse than the table's baseline (paired "
+        f"bootstrap over test examples, {n_samples} samples, p < 0.05; perplexity from "
+        "per-example "
+        "NLL sums, BLEU from sacrebleu statistics, R@k and MRR from ranks).",
+        "",
+    ]
+    corpus = None
+    for table in tables:
+        if table.corpus != corpus:
+            corpus = table.corpus
+            parts += [f"### Corpus: {corpus}", ""]
+        parts += [f"#### {table.title}", "", table_markdown(table), ""]
+    parts += ["## Figures", ""]
+    parts += [
+        _figure_md(
+            "Learning curves",
+            figures.learning_curves,
+            out,
+            "Validation loss at each evaluation (from MLflow); data in `curves/*.csv`.",
+        ),
+        _figure_md(
+            "Headline metrics",
+            figures.metric_bars,
+            out,
+            "Error bars: 95% intervals over seeds.",
+        ),
+        _figure_md(
+            "History length vs test loss",
+            figures.length_vs_loss,
+            out,
+            "Per test example (U-Net paper, Table 7).",
+        ),
+        _figure_md(
+            "HT-Encoder attention masks of a real history",
+            figures.attention_masks,
+            out,
+            "Black: may attend. Red lines: utterance boundaries (HIER paper, Figure 2).",
+        ),
+        _figure_md(
+            "U-Net layer widths",
+            figures.unet_widths,
+            out,
+            "Output width and per-head size per encoder layer; red: sequence length.",
+        ),
+    ]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _bleu_tokenizers(params: Params) -> dict[str, str]:
+    """Delexicalised corpora are pre-tokenised: split on spaces only (``text.py``)."""
+    return {
+        c.value: "none" if p.generate.delexicalize else "13a"
+        for c, p in params.tokenize.corpora.items()
+    }
+
+
+def log_to_mlflow(
+    params: Params, root: Path, out: Path, runs: list[RunResult], tables: list[Table]
+) -> str | None:
+    """A run in ``<prefix>/report`` with the report, its tables and figures as artifacts
+    (tagged with the MLflow runs it covers); None if tracking is off."""
+    if not params.tracking.enabled:
+        return None
+    tracker = tracking.Tracker.start(
+        tracking.tracking_uri(root),
+        tracking.fallback_uri(root),
+        tracking.report_experiment_name(params.tracking.experiment_prefix),
+        run_name="report",
+        tags={
+            tracking.TAG_STAGE: "report",
+            tracking.TAG_GIT: tracking.git_commit(root),
+            **{
+                f"hiertx.covers.{r.key}": ",".join(t.mlflow_run_id or "-" for t in r.trained)
+                for r in runs
+            },
+        },
+    )
+    try:
+        tracker.log_artifact(out / REPORT_FILE)
+        tracker.log_dict({"tables": [table_json(t) for t in tables]}, TABLES_FILE)
+        for png in sorted(out.glob("*.png")):
+            tracker.log_artifact(png, "figures")
+        tracker.end()
+    except BaseException:
+        tracker.end("FAILED")
+        raise
+    return tracker.run_id
+
+
+def build_report(params: Params, root: str | Path = ".", seed: int = 0) -> Report:
+    """Read every trained run's results and write ``<root>/reports/`` (bootstrap samples:
+    ``evaluate.bootstrap_samples``, 0 = no significance tests)."""
+    root = Path(root).resolve()
+    n_samples = params.evaluate.bootstrap_samples
+    out = root / "reports"
+    runs = load_results(params, root)
+    tables = build_tables(runs, n_samples, seed, _bleu_tokenizers(params))
+    figures = make_figures(params, root, out, runs)
+    path = out / REPORT_FILE
+    path.write_text(render(runs, tables, figures, out, n_samples))
+    (out / TABLES_FILE).write_text(
+        json.dumps({"tables": [table_json(t) for t in tables]}, indent=1) + "\n"
+    )
+    run_id = log_to_mlflow(params, root, out, runs, tables)
+    return Report(path, tables, figures, run_id)

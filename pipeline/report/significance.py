@@ -1,0 +1,155 @@
+"""Paired bootstrap of one run against its baseline, from ``per_example.jsonl``.
+
+Both runs must have been evaluated on the same test examples (matched by ``id``). With
+several seeds, each example carries every seed's result: a bootstrap sample draws test
+examples, and each drawn example brings all its seeds (seed variation stays inside the
+statistic, the resampling unit is the test example, as in Koehn 2004). Per metric:
+
+- ``test_ppl``: per example the summed ``nll_sum`` and ``n_tokens`` over seeds; a sample's
+  perplexity is ``exp(sum nll / sum tokens)`` (lower is better);
+- ``bleu`` / ``bleu_beam5``: per example the sacrebleu sufficient statistics
+  (``text.bleu_stats``) summed over seeds; a sample's score is the corpus BLEU of its rows;
+- ``recall_at_k`` / ``mrr``: per example the mean over seeds of ``1[rank <= k]`` /
+  ``1/rank`` (rank 0 = no correct candidate: a miss).
+
+``compare`` runs ``stats.paired_bootstrap`` in both directions with the same seed (the same
+resampled test sets): ``p_better`` is the p-value of "the run beats the baseline",
+``p_worse`` of "the baseline beats the run".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.eval import text
+from pipeline.eval.stats import paired_bootstrap
+from pipeline.report.results import ExampleRow, RunResult
+
+ALPHA = 0.05
+BETTER, WORSE = "▲", "▼"
+
+
+class NotComparable(ValueError):
+    """The two runs cannot be compared on this metric (say why in the report)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A run against its baseline on one metric."""
+
+    metric: str
+    p_better: float
+    p_worse: float
+    n_examples: int
+    n_samples: int
+
+    @property
+    def marker(self) -> str:
+        if self.p_better < ALPHA:
+            return BETTER
+        if self.p_worse < ALPHA:
+            return WORSE
+        return ""
+
+
+def _by_id(rows: tuple[ExampleRow, ...]) -> dict[str, list[ExampleRow]]:
+    grouped: dict[str, list[ExampleRow]] = {}
+    for row in rows:
+        grouped.setdefault(row.id, []).append(row)
+    return grouped
+
+
+Statistic = Callable[[list[ExampleRow]], np.ndarray]  # one example's seeds -> a stats row
+Score = Callable[[np.ndarray, object], float]  # stats rows of a sample -> higher is better
+
+
+def _ppl_rows(rows: list[ExampleRow]) -> np.ndarray:
+    return np.array([sum(r.nll_sum for r in rows), sum(r.n_tokens for r in rows)], float)
+
+
+def _neg_ppl(stats: np.ndarray, _refs: object = None) -> float:
+    return -math.exp(stats[:, 0].sum() / stats[:, 1].sum())
+
+
+def _mean(stats: np.ndarray, _refs: object = None) -> float:
+    return float(stats[:, 0].mean())
+
+
+def _recall_rows(k: int) -> Statistic:
+    def rows_fn(rows: list[ExampleRow]) -> np.ndarray:
+        hits = [r.rank is not None and 1 <= r.rank <= k for r in rows]
+        return np.array([float(np.mean(hits))])
+
+    return rows_fn
+
+
+def _mrr_rows(rows: list[ExampleRow]) -> np.ndarray:
+    return np.array([float(np.mean([1.0 / r.rank if r.rank else 0.0 for r in rows]))])
+
+
+def _bleu_rows(field: str, tokenize: str) -> Statistic:
+    def rows_fn(rows: list[ExampleRow]) -> np.ndarray:
+        hyps = [getattr(r, field) for r in rows]
+        refs = [r.reference for r in rows]
+        if any(h is None for h in hyps) or any(r is None for r in refs):
+            raise NotComparable(f"per_example.jsonl lacks {field}/reference")
+        return text.bleu_stats(hyps, refs, tokenize).sum(0)
+
+    return rows_fn
+
+
+def _bleu(stats: np.ndarray, _refs: object = None) -> float:
+    return text.bleu_from_stats(stats)
+
+
+def _statistic(metric: str, bleu_tokenize: str) -> tuple[Statistic, Score]:
+    if metric == "test_ppl":
+        return _ppl_rows, _neg_ppl
+    if metric in ("bleu", "bleu_beam5"):
+        field = "hypothesis" if metric == "bleu" else "hypothesis_beam5"
+        return _bleu_rows(field, bleu_tokenize), _bleu
+    if metric.startswith("recall_at_"):
+        return _recall_rows(int(metric.removeprefix("recall_at_"))), _mean
+    if metric == "mrr":
+        return _mrr_rows, _mean
+    raise NotComparable(f"no bootstrap defined for {metric}")
+
+
+TESTED_METRICS = ("test_ppl", "bleu", "bleu_beam5", "recall_at_1", "recall_at_10", "mrr")
+
+
+def example_stats(
+    run: RunResult, metric: str, ids: list[str], bleu_tokenize: str = text.DEFAULT_TOKENIZE
+) -> np.ndarray:
+    """``[len(ids), k]`` per-example statistics of ``run`` for ``metric`` (seeds pooled)."""
+    rows_fn, _ = _statistic(metric, bleu_tokenize)
+    grouped = _by_id(run.examples)
+    return np.stack([rows_fn(grouped[i]) for i in ids])
+
+
+def compare(
+    run: RunResult,
+    baseline: RunResult,
+    metric: str,
+    n_samples: int = 1000,
+    seed: int = 0,
+    bleu_tokenize: str = text.DEFAULT_TOKENIZE,
+) -> Comparison:
+    """Paired bootstrap of ``run`` against ``baseline`` on ``metric``; raises
+    ``NotComparable`` if their test examples differ or the metric has no test."""
+    _, score = _statistic(metric, bleu_tokenize)
+    ids_a, ids_b = set(_by_id(run.examples)), set(_by_id(baseline.examples))
+    if ids_a != ids_b:
+        raise NotComparable(
+            f"test examples differ ({len(ids_a ^ ids_b)} ids in only one of the two)"
+        )
+    ids = sorted(ids_a)
+    a = example_stats(run, metric, ids, bleu_tokenize)
+    b = example_stats(baseline, metric, ids, bleu_tokenize)
+    better = paired_bootstrap(score, a, b, n=n_samples, seed=seed)
+    worse = paired_bootstrap(score, b, a, n=n_samples, seed=seed)
+    return Comparison(metric, better.p_value, worse.p_value, len(ids), n_samples)

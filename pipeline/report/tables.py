@@ -1,0 +1,358 @@
+"""Paper-shaped result tables: models as rows, metrics as columns, mean ± 95% CI over seeds,
+and a paired-bootstrap marker against the paper's baseline (▲ significantly better,
+▼ significantly worse, p < 0.05; see ``significance``).
+
+One ``TableSpec`` per paper table; ``build_tables`` makes one table per spec and corpus
+that has at least one of its models, with the columns some row has. Every run also
+appears in the ``overview`` table (model, corpus, parameters, headline metric).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from pipeline.eval.text import DEFAULT_TOKENIZE
+from pipeline.report.results import Estimate, RunResult
+from pipeline.report.significance import TESTED_METRICS, Comparison, NotComparable, compare
+
+
+class Better(enum.Enum):
+    HIGHER = "higher"
+    LOWER = "lower"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A column: the ``metrics.json`` key (or train-manifest metric), its header, digits."""
+
+    key: str
+    label: str
+    digits: int = 2
+    better: Better = Better.HIGHER
+
+    @property
+    def tested(self) -> bool:
+        return self.key in TESTED_METRICS
+
+
+VALID_LOSS = Metric("best_valid_loss", "Valid CE", 3, Better.LOWER)
+TEST_LOSS = Metric("test_loss", "Test CE", 3, Better.LOWER)
+TEST_PPL = Metric("test_ppl", "Test PPL", 2, Better.LOWER)
+AVG_LENGTH = Metric("avg_length", "Avg len", 2)
+DISTINCT_1 = Metric("distinct_1", "Distinct-1", 4)
+DISTINCT_2 = Metric("distinct_2", "Distinct-2", 4)
+EMB_AVERAGE = Metric("embedding_average", "Emb avg", 4)
+EMB_EXTREMA = Metric("embedding_extrema", "Emb extrema", 4)
+EMB_GREEDY = Metric("embedding_greedy", "Emb greedy", 4)
+PEARSON_R = Metric("length_loss_pearson_r", "Pearson r", 4, Better.LOWER)
+PEARSON_P = Metric("length_loss_pearson_p", "p", 4)
+BLEU = Metric("bleu", "BLEU", 2)
+BLEU_BEAM5 = Metric("bleu_beam5", "BLEU (beam 5)", 2)
+ENTITY_F1 = Metric("entity_f1", "Entity-F1", 2)
+INFORM = Metric("inform", "Inform", 2)
+SUCCESS = Metric("success", "Success", 2)
+COMBINED = Metric("combined", "Score", 2)
+RECALL_1 = Metric("recall_at_1", "R@1", 4)
+RECALL_10 = Metric("recall_at_10", "R@10", 4)
+RECALL_50 = Metric("recall_at_50", "R@50", 4)
+MRR = Metric("mrr", "MRR", 4)
+
+# The headline metric of each task (overview table, bar plot).
+HEADLINE = {"generate": TEST_PPL, "select": RECALL_10, "lm": TEST_PPL}
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One paper table: which task and models (None: every model of the task), which
+    metrics, and the baseline every row is tested against."""
+
+    title: str
+    task: str
+    models: tuple[str, ...] | None
+    metrics: tuple[Metric, ...]
+    baseline: str
+
+
+UNET_BASELINES = ("s2sa", "hred", "vhred", "vhcr", "transformer", "adj_transformer")
+UNET_MODELS = (*UNET_BASELINES, "unet_linear", "unet_per_layer_att", "unet")
+HIER_MODELS = ("hred", "transformer", "set", "mat", "hier_cls", "hier", "set_pp", "hier_pp")
+
+SPECS = (
+    TableSpec(
+        "U-Net Transformer, Tables 1-2: validation cross-entropy and test perplexity",
+        "generate",
+        UNET_MODELS,
+        (VALID_LOSS, TEST_PPL),
+        "transformer",
+    ),
+    TableSpec(
+        "U-Net Transformer, Table 6: ablation",
+        "generate",
+        ("transformer", "transformer_skip", "transformer_skip_conv", "unet"),
+        (TEST_PPL,),
+        "transformer",
+    ),
+    TableSpec(
+        "U-Net Transformer, Tables 4-5: ChatEval metrics (greedy decoding)",
+        "generate",
+        None,
+        (AVG_LENGTH, DISTINCT_1, DISTINCT_2, EMB_AVERAGE, EMB_EXTREMA, EMB_GREEDY),
+        "transformer",
+    ),
+    TableSpec(
+        "U-Net Transformer, Table 7: Pearson correlation of history length and test loss",
+        "generate",
+        None,
+        (PEARSON_R, PEARSON_P),
+        "transformer",
+    ),
+    TableSpec(
+        "HT-Encoder (HIER), Table 2: context-to-response without annotations",
+        "generate",
+        (*HIER_MODELS, "hier_joint"),
+        (BLEU, BLEU_BEAM5, ENTITY_F1, INFORM, SUCCESS, COMBINED, TEST_PPL),
+        "transformer",
+    ),
+    TableSpec(
+        "Highway Recurrent Transformer, Table 1: response selection",
+        "select",
+        None,
+        (RECALL_1, RECALL_10, RECALL_50, MRR),
+        "transformer_ranker",
+    ),
+    TableSpec(
+        "Hierarchical GPT, Tables 1-5: language-model perplexity",
+        "lm",
+        None,
+        (TEST_LOSS, TEST_PPL),
+        "gpt",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    estimate: Estimate | None
+    comparison: Comparison | None = None
+
+    def format(self, metric: Metric) -> str:
+        if self.estimate is None or math.isnan(self.estimate.mean):
+            return "-"
+        marker = self.comparison.marker if self.comparison is not None else ""
+        return f"{self.estimate.format(metric.digits)} {marker}".rstrip()
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    model: str
+    cells: tuple[Cell, ...]
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    corpus: str
+    baseline: str | None
+    columns: tuple[Metric, ...]
+    rows: tuple[Row, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _ordered(spec: TableSpec, runs: list[RunResult]) -> list[RunResult]:
+    if spec.models is None:  # baseline first, then as trained
+        return sorted(runs, key=lambda r: r.model != spec.baseline)
+    return sorted(runs, key=lambda r: spec.models.index(r.model))  # type: ignore[union-attr]
+
+
+def build_table(
+    spec: TableSpec,
+    corpus: str,
+    runs: list[RunResult],
+    n_samples: int = 1000,
+    seed: int = 0,
+    bleu_tokenize: str = DEFAULT_TOKENIZE,
+) -> Table | None:
+    """``spec`` for the runs on ``corpus`` (None if none of its models ran there)."""
+    chosen = [
+        r
+        for r in runs
+        if r.corpus == corpus
+        and r.task == spec.task
+        and (spec.models is None or r.model in spec.models)
+    ]
+    if not chosen:
+        return None
+    chosen = _ordered(spec, chosen)
+    columns = tuple(m for m in spec.metrics if any(r.estimate(m.key) for r in chosen))
+    if not columns:
+        return None
+    baseline = next((r for r in chosen if r.model == spec.baseline), None)
+    baseline_name = spec.baseline if baseline is not None else None
+    notes: list[str] = []
+    if n_samples == 0:
+        baseline = None  # evaluate.bootstrap_samples: 0 turns the tests off
+        notes.append("No significance tests (evaluate.bootstrap_samples is 0).")
+    elif baseline is None:
+        notes.append(f"No significance test: the baseline {spec.baseline} was not trained.")
+    rows = []
+    for run in chosen:
+        cells = []
+        for metric in columns:
+            comparison = None
+            tested = baseline is not None and run is not baseline and metric.tested
+            if tested and run.estimate(metric.key) is not None:
+                if baseline.estimate(metric.key) is None:  # e.g. only HIER decodes beam 5
+                    notes.append(f"{run.key}, {metric.label}: the baseline has none; untested.")
+                    cells.append(Cell(run.estimate(metric.key)))
+                    continue
+                try:
+                    comparison = compare(run, baseline, metric.key, n_samples, seed, bleu_tokenize)
+                except NotComparable as why:
+                    notes.append(f"{run.key} vs {baseline.key}, {metric.label}: {why}.")
+            cells.append(Cell(run.estimate(metric.key), comparison))
+        rows.append(Row(run.key, run.model, tuple(cells)))
+    return Table(
+        spec.title,
+        corpus,
+        baseline_name,
+        columns,
+        tuple(rows),
+        tuple(notes),
+    )
+
+
+def build_tables(
+    runs: list[RunResult],
+    n_samples: int = 1000,
+    seed: int = 0,
+    bleu_tokenize: dict[str, str] | None = None,
+) -> list[Table]:
+    """Every paper table that has runs, per corpus (corpora in order of first run).
+    ``bleu_tokenize`` maps a corpus to its sacrebleu tokenizer (default ``13a``)."""
+    corpora = list(dict.fromkeys(r.corpus for r in runs))
+    tables = []
+    for corpus in corpora:
+        tokenize = (bleu_tokenize or {}).get(corpus, DEFAULT_TOKENIZE)
+        for spec in SPECS:
+            table = build_table(spec, corpus, runs, n_samples, seed, tokenize)
+            if table is not None:
+                tables.append(table)
+    return tables
+
+
+def format_count(n: int) -> str:
+    """``1234567`` -> ``1.23M``."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+@dataclass(frozen=True)
+class OverviewRow:
+    key: str
+    model: str
+    corpus: str
+    task: str
+    tuned: bool
+    n_parameters: int
+    seeds: int
+    steps: int | None
+    valid_loss: Estimate | None
+    headline: Metric
+    value: Estimate | None
+
+
+def overview(runs: list[RunResult]) -> list[OverviewRow]:
+    """One row per trained run: what a researcher reads first."""
+    rows = []
+    for run in runs:
+        headline = HEADLINE[run.task]
+        steps = [t.metrics["steps"] for t in run.trained if "steps" in t.metrics]
+        rows.append(
+            OverviewRow(
+                run.key,
+                run.model,
+                run.corpus,
+                run.task,
+                run.tuned,
+                run.n_parameters,
+                len(run.seeds),
+                int(max(steps)) if steps else None,
+                run.estimate(VALID_LOSS.key),
+                headline,
+                run.estimate(headline.key),
+            )
+        )
+    return rows
+
+
+def _markdown(header: list[str], body: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def overview_markdown(rows: list[OverviewRow]) -> str:
+    header = ["Run", "Model", "Corpus", "Task", "Params", "Seeds", "Steps", "Valid CE", "Headline"]
+    body = [
+        [
+            r.key,
+            r.model + (" (tuned)" if r.tuned else ""),
+            r.corpus,
+            r.task,
+            format_count(r.n_parameters),
+            str(r.seeds),
+            "-" if r.steps is None else str(r.steps),
+            "-" if r.valid_loss is None else r.valid_loss.format(3),
+            "-" if r.value is None else f"{r.headline.label} {r.value.format(r.headline.digits)}",
+        ]
+        for r in rows
+    ]
+    return _markdown(header, body)
+
+
+def table_markdown(table: Table) -> str:
+    """The table as GitHub markdown, then its notes."""
+    header = ["Model", *[m.label for m in table.columns]]
+    body = [
+        [row.model + (" (baseline)" if row.model == table.baseline else "")]
+        + [cell.format(metric) for cell, metric in zip(row.cells, table.columns, strict=True)]
+        for row in table.rows
+    ]
+    text = _markdown(header, body)
+    if table.notes:
+        text += "\n\n" + "\n".join(f"- {note}" for note in table.notes)
+    return text
+
+
+def table_json(table: Table) -> dict[str, object]:
+    """Machine-readable form (the MLflow artifact and ``reports/tables.json``)."""
+
+    def cell(c: Cell) -> dict[str, object] | None:
+        if c.estimate is None:
+            return None
+        ci = None if math.isnan(c.estimate.ci95) else c.estimate.ci95  # JSON has no NaN
+        out: dict[str, object] = {"mean": c.estimate.mean, "ci95": ci}
+        if c.comparison is not None:
+            out |= {"p_better": c.comparison.p_better, "p_worse": c.comparison.p_worse}
+        return out
+
+    return {
+        "title": table.title,
+        "corpus": table.corpus,
+        "baseline": table.baseline,
+        "columns": [m.key for m in table.columns],
+        "rows": [
+            {
+                "run": r.key,
+                "model": r.model,
+                **{m.key: cell(c) for m, c in zip(table.columns, r.cells, strict=True)},
+            }
+            for r in table.rows
+        ],
+        "notes": list(table.notes),
+    }

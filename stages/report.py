@@ -1,0 +1,35 @@
+"""Stage ``report``: tables, figures and ``reports/report.md`` from every trained run.
+
+    python -m stages.report [--params params.yaml]
+
+Reads ``data/eval/<run>/`` and ``data/train/<run>/`` of every run in ``train.runs`` and
+``tune.runs``, the MLflow validation history of each, and one real test history of the
+first generate corpus; writes ``reports/`` and logs it to MLflow (experiment
+``<prefix>/report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.config import load_params
+from pipeline.errors import HiertxError
+from pipeline.report.build import build_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", default="params.yaml")
+    args = parser.parse_args(argv)
+    try:
+        report = build_report(load_params(args.params), ".")
+    except HiertxError as err:
+        print(f"report: {err}", file=sys.stderr)
+        return 1
+    print(f"report: {len(report.tables)} tables -> {report.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

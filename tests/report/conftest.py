@@ -1,0 +1,121 @@
+"""Hand-made evaluate/train outputs in the contract's format, and a tiny tokenized chitchat."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import parse_params
+from pipeline.data.tokenize import tokenize_corpus
+from pipeline.models import registry
+from pipeline.train.checkpoint import save_checkpoint
+
+TOKENIZE = {
+    "corpora": {
+        "chitchat": {
+            "tasks": ["generate", "select", "lm"],
+            "max_dialogues": 30,
+            "vocab": {"size": 300},
+            "split": {"valid": 0.2, "test": 0.2},
+            "generate": {"max_history": 40, "max_utterances": 4, "max_response": 12},
+            "select": {"n_candidates_eval": 10, "max_candidate": 12},
+        }
+    }
+}
+
+# Tiny configs: the report rebuilds each model to count its parameters.
+TINY = {
+    "transformer": {
+        "d_model": 16,
+        "n_encoder_layers": 1,
+        "n_decoder_layers": 1,
+        "n_heads": 2,
+        "d_head": 8,
+        "d_ff": 32,
+    },
+    "unet": {"d_model": 16, "n_layers": 4, "n_decoder_layers": 1, "n_heads": 2, "d_head": 8},
+    "transformer_ranker": {"d_embed": 16, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
+    "hrt_last": {"d_embed": 16, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
+    "gpt": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+}
+VOCAB = 50
+
+
+@pytest.fixture(scope="session")
+def shards_project(tmp_path_factory) -> Path:
+    """A project folder holding a real (tiny) ``data/shards/chitchat``."""
+    root = tmp_path_factory.mktemp("report-project")
+    tokenize_corpus(
+        "chitchat",
+        None,
+        root / "data" / "shards" / "chitchat",
+        parse_params({"tokenize": TOKENIZE}),
+    )
+    return root
+
+
+def write_run(
+    root: Path,
+    model: str,
+    rows: list[dict],
+    metrics: dict,
+    corpus: str = "chitchat",
+    train_metrics: dict | None = None,
+    mlflow: dict | None = None,
+) -> str:
+    """``data/train/<key>/{model.pt,manifest.json}`` and ``data/eval/<key>/`` for a run."""
+    key = f"{model}-{corpus}"
+    cfg = registry.make_config(model, VOCAB, **TINY[model])
+    net = registry.build_from_config(model, cfg)
+    train = root / "data" / "train" / key
+    save_checkpoint(
+        {
+            "model_name": model,
+            "model_config": cfg.model_dump(mode="json"),
+            "task": registry.spec(model).task.value,
+            "model": net.state_dict(),
+        },
+        train / "model.pt",
+    )
+    manifest = {
+        "model": model,
+        "corpus": corpus,
+        "checkpoint": f"data/train/{key}/model.pt",
+        "metrics": train_metrics or {"best_valid_loss": 4.0, "steps": 20},
+        "mlflow": mlflow,
+    }
+    (train / "manifest.json").write_text(json.dumps(manifest))
+    evals = root / "data" / "eval" / key
+    evals.mkdir(parents=True, exist_ok=True)
+    (evals / "metrics.json").write_text(json.dumps(metrics))
+    (evals / "per_example.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return key
+
+
+def lm_rows(nll: list[list[float]], tokens: int = 10) -> list[dict]:
+    """Rows of ``len(nll)`` seeds x ``len(nll[0])`` examples with the given nll sums."""
+    return [
+        {"seed": s, "id": f"d{i}#1", "nll_sum": v, "n_tokens": tokens, "history_tokens": 5 + i}
+        for s, seed_values in enumerate(nll)
+        for i, v in enumerate(seed_values)
+    ]
+
+
+def params_for(models: list[str], tuned: list[str] = (), **sections):
+    """Validated params training ``models`` (and tuning ``tuned``) on chitchat."""
+    from pipeline.config import parse_params
+
+    raw = {
+        "tokenize": TOKENIZE,
+        "train": {"runs": {f"{m}-chitchat": {"model": m, "corpus": "chitchat"} for m in models}},
+        "tune": {
+            "runs": {f"{m}-chitchat": {"model": m, "corpus": "chitchat"} for m in tuned},
+            "spaces": {
+                m: {"model": {"dropout": {"kind": "float", "low": 0, "high": 0.5}}} for m in tuned
+            },
+        },
+        **sections,
+    }
+    return parse_params(raw)

@@ -1,0 +1,90 @@
+"""The whole report from hand-made run outputs, a real history and an MLflow store."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+
+import pytest
+import yaml
+
+from pipeline import tracking
+from pipeline.report.build import build_report
+from tests.report.conftest import TOKENIZE, lm_rows, params_for, write_run
+
+
+@pytest.mark.slow
+def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
+    root = tmp_path / "project"
+    shutil.copytree(shards_project / "data" / "shards", root / "data" / "shards")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv(tracking.TRACKING_URI_ENV, uri)
+    # a training run with a validation history, as the train loop logs it
+    tracker = tracking.Tracker.start(uri, uri, "hiertx/generate/chitchat", run_name="t")
+    for step, loss in ((10, 5.0), (20, 4.5), (30, 4.25)):
+        tracker.log_metrics({"valid_loss": loss}, step)
+    tracker.end()
+    mlflow = {"tracking_uri": uri, "run_id": tracker.run_id}
+
+    rows = [{**r, "hypothesis": "hi there", "reference": "hi"} for r in lm_rows([[2.0, 3.0]])]
+    write_run(root, "transformer", rows, {"test_ppl": 1.2, "bleu": 10.0}, mlflow=mlflow)
+    write_run(root, "unet", rows, {"test_ppl": 1.2, "bleu": 10.0})
+    write_run(
+        root,
+        "transformer_ranker",
+        [{**r, "rank": 1} for r in lm_rows([[0.0]])],
+        {"recall_at_10": 1.0},
+    )
+    write_run(root, "gpt", lm_rows([[1.0]]), {"test_ppl": 2.0})
+    params = params_for(
+        ["transformer", "unet", "transformer_ranker"],
+        ["gpt"],
+        evaluate={"bootstrap_samples": 50},
+    )
+    report = build_report(params, root)
+
+    text = report.path.read_text()
+    for key in (
+        "transformer-chitchat",
+        "unet-chitchat",
+        "transformer_ranker-chitchat",
+        "gpt-chitchat",
+    ):
+        assert f"| {key} |" in text
+    assert "#### U-Net Transformer, Tables 1-2" in text and "50 samples" in text
+    out = root / "reports"
+    for name in ("learning_curves", "metrics", "length_vs_loss", "attention_masks", "unet_widths"):
+        assert f"]({name}.png)" in text
+        assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    with (out / "curves" / "transformer-chitchat.csv").open() as f:
+        assert list(csv.reader(f)) == [
+            ["step", "valid_loss"],
+            ["10", "5.0"],
+            ["20", "4.5"],
+            ["30", "4.25"],
+        ]
+    assert not (out / "curves" / "unet-chitchat.csv").exists()  # no MLflow run: no curve
+    assert (out / "tables.json").is_file()
+
+    # the same tables and figures are in MLflow
+    client = tracking._client(uri)
+    run = client.get_run(report.mlflow_run_id)
+    assert run.data.tags["hiertx.covers.transformer-chitchat"] == tracker.run_id
+    names = {a.path for a in client.list_artifacts(report.mlflow_run_id)}
+    assert {"report.md", "tables.json", "figures"} <= names
+
+
+def test_stage_says_what_is_missing(tmp_path, monkeypatch, capsys):
+    from stages import report as stage
+
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "tokenize": TOKENIZE,
+                "train": {"runs": {"gpt-chitchat": {"model": "gpt", "corpus": "chitchat"}}},
+            }
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    assert stage.main([]) == 1
+    assert "data/eval/gpt-chitchat/metrics.json: missing" in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""Paired bootstrap of a run against its baseline, checked against hand-rolled resampling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipeline.eval import text
+from pipeline.report.results import ExampleRow, RunResult, TrainedSeed
+from pipeline.report.significance import BETTER, WORSE, NotComparable, compare, example_stats
+
+
+def run_of(rows: list[dict], key: str = "m-chitchat") -> RunResult:
+    return RunResult(
+        key=key,
+        model=key.split("-")[0],
+        corpus="chitchat",
+        task="generate",
+        tuned=False,
+        metrics={},
+        trained=(TrainedSeed(None, None, {}, None, None),),  # type: ignore[arg-type]
+        examples=tuple(ExampleRow(**r) for r in rows),
+        n_parameters=0,
+        model_config={},
+    )
+
+
+def rows_of(nll: np.ndarray, tokens: np.ndarray) -> list[dict]:
+    """``nll``/``tokens`` ``[seeds, examples]``."""
+    return [
+        {
+            "seed": s,
+            "id": f"d{i}",
+            "nll_sum": float(nll[s, i]),
+            "n_tokens": int(tokens[s, i]),
+            "history_tokens": 3,
+        }
+        for s in range(nll.shape[0])
+        for i in range(nll.shape[1])
+    ]
+
+
+def test_one_example_decides_every_sample():
+    a = run_of(rows_of(np.array([[10.0]]), np.array([[5]])))
+    b = run_of(rows_of(np.array([[20.0]]), np.array([[5]])))
+    result = compare(a, b, "test_ppl", n_samples=50)
+    assert (result.p_better, result.p_worse, result.marker) == (0.0, 1.0, BETTER)
+    assert compare(b, a, "test_ppl", n_samples=50).marker == WORSE
+
+
+def test_identical_systems_are_never_better():
+    rng = np.random.default_rng(3)
+    rows = rows_of(rng.uniform(5, 30, (2, 12)), rng.integers(3, 9, (2, 12)))
+    result = compare(run_of(rows), run_of(rows), "test_ppl", n_samples=100)
+    assert (result.p_better, result.p_worse, result.marker) == (1.0, 1.0, "")
+
+
+def test_perplexity_bootstrap_matches_hand_resampling():
+    rng = np.random.default_rng(7)
+    seeds, size, n = 2, 9, 300
+    tokens = rng.integers(3, 12, (seeds, size))
+    nll_a = rng.uniform(1.0, 3.0, (seeds, size)) * tokens
+    nll_b = rng.uniform(1.1, 3.1, (seeds, size)) * tokens
+    got = compare(run_of(rows_of(nll_a, tokens)), run_of(rows_of(nll_b, tokens)), "test_ppl", n)
+
+    # By hand: resample example indices (same generator as stats.paired_bootstrap), pool
+    # every seed of each drawn example, compare exp(total nll / total tokens).
+    draw = np.random.default_rng(0)
+    not_better = 0
+    for _ in range(n):
+        idx = draw.integers(0, size, size)
+        ppl_a = math.exp(nll_a[:, idx].sum() / tokens[:, idx].sum())
+        ppl_b = math.exp(nll_b[:, idx].sum() / tokens[:, idx].sum())
+        not_better += ppl_a >= ppl_b
+    assert got.p_better == pytest.approx(not_better / n)
+    assert 0.0 < got.p_better < 1.0  # the case is not degenerate
+    assert got.n_examples == size
+
+
+def test_recall_and_mrr_from_ranks_match_hand_resampling():
+    ranks_a = [[1, 3, 0, 1, 2, 1], [1, 1, 5, 2, 2, 0]]  # 2 seeds x 6 examples
+    ranks_b = [[2, 1, 4, 3, 1, 0], [1, 2, 5, 0, 2, 7]]
+
+    def rows(ranks):
+        return [
+            {
+                "seed": s,
+                "id": f"d{i}",
+                "nll_sum": 0.0,
+                "n_tokens": 0,
+                "history_tokens": 1,
+                "rank": r,
+            }
+            for s, seed_ranks in enumerate(ranks)
+            for i, r in enumerate(seed_ranks)
+        ]
+
+    a, b = run_of(rows(ranks_a)), run_of(rows(ranks_b))
+    stats = example_stats(a, "recall_at_1", [f"d{i}" for i in range(6)])
+    assert stats[:, 0].tolist() == [1.0, 0.5, 0.0, 0.5, 0.0, 0.5]
+    mrr = example_stats(a, "mrr", [f"d{i}" for i in range(6)])
+    assert mrr[:, 0].tolist() == pytest.approx([1.0, 2 / 3, 0.1, 0.75, 0.5, 0.5])
+
+    n = 200
+    got = compare(a, b, "recall_at_1", n)
+    hits_a = (np.array(ranks_a) == 1).mean(0)
+    hits_b = (np.array(ranks_b) == 1).mean(0)
+    draw = np.random.default_rng(0)
+    not_better = 0
+    for _ in range(n):
+        idx = draw.integers(0, 6, 6)
+        not_better += hits_a[idx].mean() <= hits_b[idx].mean()
+    assert got.p_better == pytest.approx(not_better / n)
+
+
+def test_bleu_statistics_give_the_corpus_bleu_of_a_resample():
+    hyps = ["i like cats a lot", "where are you going", "no", "the weather is nice today"]
+    refs = ["i like dogs a lot", "where are you going now", "yes", "the weather is nice"]
+    run = run_of(
+        [
+            {
+                "seed": 0,
+                "id": f"d{i}",
+                "nll_sum": 1.0,
+                "n_tokens": 1,
+                "history_tokens": 1,
+                "hypothesis": h,
+                "reference": r,
+            }
+            for i, (h, r) in enumerate(zip(hyps, refs, strict=True))
+        ]
+    )
+    stats = example_stats(run, "bleu", ["d0", "d1", "d2", "d3"])
+    idx = [1, 1, 3, 0]
+    assert text.bleu_from_stats(stats[idx]) == pytest.approx(
+        text.corpus_bleu([hyps[i] for i in idx], [refs[i] for i in idx])
+    )
+
+
+def test_runs_on_different_test_sets_are_not_compared():
+    a = run_of(rows_of(np.ones((1, 3)), np.ones((1, 3), int)))
+    b = run_of(rows_of(np.ones((1, 4)), np.ones((1, 4), int)))
+    with pytest.raises(NotComparable, match="1 ids in only one"):
+        compare(a, b, "test_ppl", 10)
+
+
+def test_bleu_without_hypotheses_is_not_comparable():
+    a = run_of(rows_of(np.ones((1, 3)), np.ones((1, 3), int)))
+    with pytest.raises(NotComparable, match="hypothesis"):
+        compare(a, a, "bleu", 10)

@@ -1,0 +1,102 @@
+"""Paper-shaped tables from hand-made evaluate outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.report.results import load_results
+from pipeline.report.tables import build_tables, overview, overview_markdown, table_markdown
+from tests.report.conftest import lm_rows, params_for, write_run
+
+
+def gen_rows(nll: list[float]) -> list[dict]:
+    return [
+        {**row, "hypothesis": "i am fine", "reference": "i am fine thanks"}
+        for row in lm_rows([nll])
+    ]
+
+
+def sel_rows(ranks: list[int]) -> list[dict]:
+    return [{**row, "rank": r} for row, r in zip(lm_rows([[0.0] * len(ranks)]), ranks, strict=True)]
+
+
+@pytest.fixture
+def runs(tmp_path):
+    write_run(
+        tmp_path,
+        "transformer",
+        gen_rows([30.0] * 8),
+        {"test_ppl": 20.09, "test_ppl_ci95": 0.5, "bleu": 3.0, "distinct_1": 0.1},
+    )
+    write_run(tmp_path, "unet", gen_rows([20.0] * 8), {"test_ppl": 7.39, "bleu": 3.0})
+    write_run(
+        tmp_path,
+        "transformer_ranker",
+        sel_rows([1, 2, 3, 4, 5, 6, 7, 8]),
+        {"recall_at_1": 0.125, "recall_at_10": 1.0, "mrr": 0.34},
+    )
+    write_run(
+        tmp_path,
+        "hrt_last",
+        sel_rows([1, 2, 3, 4, 5, 6, 7, 8]),
+        {"recall_at_1": 0.125, "recall_at_10": 1.0, "mrr": 0.34},
+    )
+    write_run(tmp_path, "gpt", lm_rows([[9.0] * 8]), {"test_ppl": 2.46})
+    params = params_for(["transformer", "unet", "transformer_ranker", "hrt_last"], ["gpt"])
+    return load_results(params, tmp_path)
+
+
+def by_title(tables, words):
+    return next(t for t in tables if words in t.title)
+
+
+def test_every_run_is_in_the_overview(runs):
+    text = overview_markdown(overview(runs))
+    for run in runs:
+        assert f"| {run.key} |" in text
+    assert "gpt (tuned)" in text and "Test PPL 20.09 ± 0.500" not in text
+    assert "Test PPL 20.09 ± 0.50" in text and "R@10 1.0000" in text
+
+
+def test_paper_tables_with_markers(runs):
+    tables = build_tables(runs, n_samples=200)
+    unet = by_title(tables, "Tables 1-2")
+    assert [r.model for r in unet.rows] == ["transformer", "unet"]  # the paper's order
+    assert [m.key for m in unet.columns] == ["best_valid_loss", "test_ppl"]
+    transformer, better = unet.rows
+    assert transformer.cells[1].format(unet.columns[1]) == "20.09 ± 0.50"
+    assert better.cells[1].format(unet.columns[1]) == "7.39 ▲"  # lower nll on every example
+    assert better.cells[1].comparison.p_better == 0.0
+    markdown = table_markdown(unet)
+    assert "| transformer (baseline) | 4.000 | 20.09 ± 0.50 |" in markdown
+
+    chateval = by_title(tables, "ChatEval")
+    assert [m.key for m in chateval.columns] == ["distinct_1"]  # only columns some run has
+    assert chateval.rows[1].cells[0].format(chateval.columns[0]) == "-"
+
+    hier = by_title(tables, "HIER")
+    bleu = hier.rows[0].cells[0]  # only transformer is a HIER-table model here
+    assert [r.model for r in hier.rows] == ["transformer"] and bleu.comparison is None
+
+    select = by_title(tables, "Highway")
+    assert select.baseline == "transformer_ranker"
+    assert [r.model for r in select.rows] == ["transformer_ranker", "hrt_last"]
+    tie = select.rows[1].cells[0].comparison
+    assert (tie.p_better, tie.p_worse) == (1.0, 1.0)  # identical ranks: no marker
+
+    lm = by_title(tables, "Hierarchical GPT")
+    assert lm.baseline == "gpt" and lm.rows[0].cells[-1].format(lm.columns[-1]) == "2.46"
+    # every run appears in some paper table
+    assert {r.key for t in tables for r in t.rows} == {r.key for r in runs}
+
+
+def test_missing_baseline_is_said(runs):
+    tables = build_tables([r for r in runs if r.model != "transformer"], n_samples=20)
+    unet = by_title(tables, "Tables 1-2")
+    assert unet.baseline is None and "baseline transformer was not trained" in unet.notes[0]
+    assert all(c.comparison is None for c in unet.rows[0].cells)
+
+
+def test_no_bootstrap_when_turned_off(runs):
+    unet = by_title(build_tables(runs, n_samples=0), "Tables 1-2")
+    assert all(c.comparison is None for r in unet.rows for c in r.cells)
