@@ -47,7 +47,9 @@ def _with(raw: dict, dotted: str, value: object) -> dict:
         ("tokenize.corpora.chitchat.typo_key", 1, "Extra inputs are not permitted"),
     ],
 )
-def test_bad_values_name_the_dotted_key(shipped: dict, key: str, value: object, reason: str) -> None:
+def test_bad_values_name_the_dotted_key(
+    shipped: dict, key: str, value: object, reason: str
+) -> None:
     with pytest.raises(ConfigError) as err:
         parse_params(_with(shipped, key, value))
     assert err.value.key == key
