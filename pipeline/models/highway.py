@@ -199,6 +199,22 @@ class SequenceEncoder(nn.Module):
         )
         self.dropout = nn.Dropout(dropout)
 
+    @classmethod
+    def from_config(cls, c: Any) -> SequenceEncoder:
+        """The encoder a ranking model's config describes (HRT and the Transformer rankers
+        share these fields)."""
+        return cls(
+            c.vocab_size,
+            c.d_embed,
+            c.d_model,
+            c.n_heads,
+            c.d_ff,
+            c.n_layers,
+            c.dropout,
+            c.knowledge_dim,
+            c.speaker_embedding,
+        )
+
     def forward(
         self,
         ids: Tensor,
@@ -385,17 +401,7 @@ class HighwayRecurrentTransformer(RankingModel):
         super().__init__()
         self.config = config
         c = config
-        self.encoder = SequenceEncoder(
-            c.vocab_size,
-            c.d_embed,
-            c.d_model,
-            c.n_heads,
-            c.d_ff,
-            c.n_layers,
-            c.dropout,
-            c.knowledge_dim,
-            c.speaker_embedding,
-        )
+        self.encoder = SequenceEncoder.from_config(c)
         self.highway = HighwayAttention(c.d_model, c.n_heads, c.dropout, c.highway_formula)
         self.recurrence = (
             self.highway

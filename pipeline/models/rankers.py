@@ -173,17 +173,7 @@ class TransformerRanker(RankingModel):
         super().__init__()
         self.config = config
         c = config
-        self.encoder = SequenceEncoder(
-            c.vocab_size,
-            c.d_embed,
-            c.d_model,
-            c.n_heads,
-            c.d_ff,
-            c.n_layers,
-            c.dropout,
-            c.knowledge_dim,
-            c.speaker_embedding,
-        )
+        self.encoder = SequenceEncoder.from_config(c)
         self.highway = HighwayAttention(c.d_model, c.n_heads, c.dropout, c.highway_formula)
 
     def encode_context(self, batch: SelectBatch) -> tuple[Tensor, Tensor]:
