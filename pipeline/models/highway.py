@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Any
 
 import torch
 from pydantic import Field, model_validator
