@@ -54,7 +54,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 wait_for_nodes() {  # wait until the cluster reports $1 alive nodes
-  for _ in $(seq 180); do
+  for _ in $(seq 300); do
     n=$(ray status --address "$RAY_ADDRESS" 2>/dev/null | grep -c ' node_' || true)
     [[ "$n" -ge "$1" ]] && return 0
     sleep 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import mlflow.pyfunc
 import torch
+from mlflow.tracking._tracking_service import utils as tracking_utils
 
 from pipeline.data.batch import GenerateBatch, History, LMBatch, SelectBatch
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID, SPEAKER_OTHER, SPEAKER_SELF
@@ -257,7 +259,11 @@ def log_pyfunc(
     ``registered_name``). Returns the registered version, or ``None``."""
     import tempfile
 
-    previous = mlflow.get_tracking_uri()
+    # mlflow.pyfunc.log_model only uses the global URI. Restore exactly what was there:
+    # `get_tracking_uri()` would return the env var's value and, set back, pin it for the
+    # rest of the process even after the variable changes.
+    previous_uri = tracking_utils._tracking_uri
+    previous_env = os.environ.get(tracking_utils.MLFLOW_TRACKING_URI.name)
     mlflow.set_tracking_uri(uri)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -279,4 +285,6 @@ def log_pyfunc(
         version = info.registered_model_version
         return None if version is None else str(version)
     finally:
-        mlflow.set_tracking_uri(previous)
+        mlflow.set_tracking_uri(previous_uri)  # type: ignore[arg-type]  # None unsets it
+        if previous_env is not None:
+            os.environ[tracking_utils.MLFLOW_TRACKING_URI.name] = previous_env

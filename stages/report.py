@@ -13,9 +13,31 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import load_params
+from pipeline.config import (
+    EvaluateParams,
+    Params,
+    TokenizeParams,
+    TrainParams,
+    TuneParams,
+    load_params,
+)
 from pipeline.errors import HiertxError
 from pipeline.report.build import build_report
+
+
+def select_params(params: Params, key: None = None) -> Params:
+    """What this stage reads (``params:`` of ``report`` in dvc.yaml): the runs, the corpora
+    and their tokenize settings, the bootstrap size and ``tracking``."""
+    return Params.model_construct(
+        corpora=params.corpora,
+        tokenize=TokenizeParams.model_construct(corpora=params.tokenize.corpora),
+        train=TrainParams.model_construct(runs=params.train.runs),
+        tune=TuneParams.model_construct(runs=params.tune.runs),
+        evaluate=EvaluateParams.model_construct(
+            bootstrap_samples=params.evaluate.bootstrap_samples
+        ),
+        tracking=params.tracking,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
     try:
-        report = build_report(load_params(args.params), ".")
+        report = build_report(select_params(load_params(args.params)), ".")
     except HiertxError as err:
         print(f"report: {err}", file=sys.stderr)
         return 1
