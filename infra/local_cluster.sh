@@ -22,6 +22,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $# -gt 0 ]] || { echo "local_cluster.sh: give a command after --" >&2; exit 2; }
+command -v ray >/dev/null || { echo "local_cluster.sh: no \`ray\` on PATH; activate the project's environment (. .venv/bin/activate)" >&2; exit 2; }
 
 if [[ -z "${HIERTX_CLUSTER_NETNS:-}" ]]; then
   # Re-enter in a fresh network namespace (root: plain; otherwise a user namespace).
