@@ -9,16 +9,17 @@ All candidates are built at the U-Net paper's size (d=256, 6+6 layers, 8 heads, 
 
 - ``transformer``: ours with the paper's 8 heads x 64 (attention spans 512, not 256);
 - ``transformer_d32``: ours with 8 heads x 32, exactly BART's attention shapes;
-- ``transformer_p0``: ``transformer`` without dropout on the attention probabilities
-  (dropout elsewhere kept): on CPU, SDPA with ``dropout_p > 0`` leaves its fused kernel
-  for the math path (materialised ``[B, H, L, L]`` weights and dropout mask);
+- ``transformer_p0``: ``transformer`` with ``attention_dropout: 0`` (dropout elsewhere
+  kept): on CPU, SDPA with ``dropout_p > 0`` leaves its fused kernel for the math path
+  (materialised ``[B, H, L, L]`` weights and dropout mask);
 - ``unet``: our U-Net Transformer (widths 256/362/512/362/256/256);
 - ``bart``: ``BartForConditionalGeneration`` (SDPA attention, learned positions);
 - ``torch``: ``nn.Transformer`` + embedding, sinusoidal positions, tied output.
 
 Run: ``python -m bench.bench_train`` (``--scale tiny`` for a smoke test; ``--dtypes fp32
-bf16`` interleaves both autocast dtypes in one run; ``--device cuda --dtype bf16`` on a
-GPU).
+bf16`` interleaves both autocast dtypes in one run; ``--compile`` adds a
+``torch.compile``d copy of each candidate (compilation happens in the warm-up steps, its
+time is printed); ``--device cuda --dtype bf16`` on a GPU).
 
 Scaling (``--ray-workers 1 2 --data DIR``): the project's own loop
 (``pipeline.train.distributed.fit``, Ray Train DDP over gloo, one CPU per worker) on the
@@ -61,7 +62,7 @@ from bench.common import (
 from pipeline.data.batch import GenerateBatch
 from pipeline.models import registry
 from pipeline.models.base import count_parameters, token_loss
-from pipeline.models.layers import MultiHeadAttention, SinusoidalPositions, causal_mask
+from pipeline.models.layers import SinusoidalPositions, causal_mask
 
 CANDIDATES = ("transformer", "transformer_d32", "transformer_p0", "unet", "bart", "torch")
 REFERENCE = "bart"
@@ -160,11 +161,8 @@ def build(name: str, s: Sizes) -> tuple[nn.Module, Callable[[GenerateBatch], Ten
             d_head=64 if name != "transformer_d32" and s == Sizes() else s.d_model // s.heads,
             d_ff=s.d_ff,
             dropout=s.dropout,
+            attention_dropout=0.0 if name == "transformer_p0" else None,
         )
-        if name == "transformer_p0":
-            for module in model.modules():
-                if isinstance(module, MultiHeadAttention):
-                    module.dropout = 0.0
         return model, lambda b: model.loss(b).loss
     if name == "unet":
         model = registry.build(
@@ -332,6 +330,7 @@ def main() -> None:
     p.add_argument(
         "--dtypes", nargs="+", choices=sorted(DTYPES), default=None, help="compare in one run"
     )
+    p.add_argument("--compile", action="store_true", help="add torch.compile'd candidates")
     p.add_argument("--ray-workers", type=int, nargs="*", default=[], help="scaling mode")
     p.add_argument("--data", type=Path, default=None, help="scaling: folder with chitchat/")
     args = p.parse_args()
@@ -349,15 +348,23 @@ def main() -> None:
 
     dtypes = args.dtypes or [args.dtype]
     steps, params, references = {}, {}, {}
+    compile_seconds: dict[str, float] = {}
     for dtype in dtypes:
-        for name in args.models:
+        for name, compiled in itertools.product(args.models, (False, True)[: 1 + args.compile]):
             label = name if len(dtypes) == 1 else f"{name} {dtype}"
+            label += " compiled" if compiled else ""
             torch.manual_seed(args.seed)
             model, loss_fn = build(name, s)
             model.to(args.device)
             params[label] = count_parameters(model)
+            if compiled:
+                loss_fn = torch.compile(loss_fn)
             steps[label] = train_step(model, loss_fn, batch, args, dtype)
             references[label] = REFERENCE if len(dtypes) == 1 else f"{REFERENCE} {dtype}"
+            if compiled:  # the first call compiles: time it apart from the steps
+                start = time.perf_counter()
+                steps[label]()
+                compile_seconds[label] = time.perf_counter() - start
     results = interleaved(steps, args.repeats, args.warmup, args.device)
 
     rows = []
@@ -377,6 +384,9 @@ def main() -> None:
     )
     headers = ["model", "params", "step ms (median)", "IQR ms", "target tok/s", "speed vs bart"]
     print(table(headers, rows))
+    if compile_seconds:
+        print()
+        print(table(["model", "first step (compiling) s"], list(compile_seconds.items())))
     if len(dtypes) > 1:
         print()
         base = dtypes[0]

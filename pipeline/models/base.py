@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
 from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
@@ -35,6 +35,24 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     vocab_size: int
+
+
+class AttentionModelConfig(ModelConfig):
+    """Dropout of the attention-based models.
+
+    ``dropout`` is applied to embeddings, residual branches and the FFN; attention
+    probabilities get ``attention_dropout`` (``None``, the papers' setting: ``dropout``).
+    ``attention_dropout: 0`` keeps CPU attention on PyTorch's fused kernel, whose
+    dropout-free path trains ~1.18x faster (bench/RESULTS.md).
+    """
+
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    attention_dropout: float | None = Field(None, ge=0.0, lt=1.0)
+
+    @property
+    def attention_dropout_p(self) -> float:
+        """The attention-probability dropout in effect."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
 
 @dataclass

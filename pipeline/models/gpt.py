@@ -23,19 +23,18 @@ from torch.nn import functional as F
 
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import BOS_ID, PAD_ID
-from pipeline.models.base import LanguageModel, ModelConfig, TaskKind
+from pipeline.models.base import AttentionModelConfig, LanguageModel, TaskKind
 from pipeline.models.layers import EncoderLayer, SinusoidalPositions, TokenEmbedding, padding_mask
 from pipeline.models.registry import register
 
 
-class GPTConfig(ModelConfig):
+class GPTConfig(AttentionModelConfig):
     """Flat GPT; defaults are the paper's 6-layer model."""
 
     d_model: int = Field(512, ge=1)
     n_heads: int = Field(8, ge=1)
     n_layers: int = Field(6, ge=1)
     d_ff: int = Field(2048, ge=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
     congruent: bool = False
 
     @model_validator(mode="after")
@@ -61,13 +60,21 @@ class Stack(nn.Module):
         dropout: float,
         congruent: bool,
         causal: bool,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.causal = causal
         self.positions = SinusoidalPositions(d_model)
         self.dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, congruent=congruent)
+            EncoderLayer(
+                d_model,
+                n_heads,
+                d_ff,
+                dropout,
+                congruent=congruent,
+                attention_dropout=attention_dropout,
+            )
             for _ in range(n_layers)
         )
 
@@ -126,6 +133,7 @@ class GPT(LanguageModel):
             config.dropout,
             config.congruent,
             causal=True,
+            attention_dropout=config.attention_dropout_p,
         )
         self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.output.weight = self.embed.weight

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import LanguageModel, ModelConfig, TaskKind
+from pipeline.models.base import AttentionModelConfig, LanguageModel, TaskKind
 from pipeline.models.gpt import Stack, extent, scatter_rows, sequence_nll
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.registry import register
@@ -51,7 +51,7 @@ class Stage(enum.IntEnum):
     DOCUMENT = 2  # document block only; encoder and decoder frozen
 
 
-class HGPTConfig(ModelConfig):
+class HGPTConfig(AttentionModelConfig):
     """Hierarchical GPT; defaults are the paper's 1/1/4 model at d=512, 8 heads."""
 
     d_model: int = Field(512, ge=1, description="document GPT width")
@@ -63,7 +63,6 @@ class HGPTConfig(ModelConfig):
     encoder_layers: int = Field(1, ge=1)
     document_layers: int = Field(1, ge=1)
     decoder_layers: int = Field(4, ge=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
     congruent: bool = False
     training: Literal["joint", "two_stage"] = "joint"
     stage_one_steps: int = Field(
@@ -104,11 +103,19 @@ class HierarchicalGPT(LanguageModel):
             c.dropout,
             c.congruent,
             causal=False,
+            attention_dropout=c.attention_dropout_p,
         )
         self.to_document = _project(c.d_sentence, c.d_model)
         self.bod = nn.Parameter(torch.randn(c.d_model))
         self.document = Stack(
-            c.d_model, c.n_heads, c.d_ff, c.document_layers, c.dropout, c.congruent, causal=True
+            c.d_model,
+            c.n_heads,
+            c.d_ff,
+            c.document_layers,
+            c.dropout,
+            c.congruent,
+            causal=True,
+            attention_dropout=c.attention_dropout_p,
         )
         self.from_document = _project(c.d_model, c.d_sentence)
         self.decoder = Stack(
@@ -119,6 +126,7 @@ class HierarchicalGPT(LanguageModel):
             c.dropout,
             c.congruent,
             causal=True,
+            attention_dropout=c.attention_dropout_p,
         )
         self.output = nn.Linear(c.d_sentence, c.vocab_size, bias=False)
         self.output.weight = self.embed.weight

@@ -44,7 +44,13 @@ from torch import Tensor, nn
 
 from pipeline.data.batch import History, SelectBatch
 from pipeline.data.special import SPEAKER_SELF
-from pipeline.models.base import LossOutput, ModelConfig, SelectModel, TaskKind
+from pipeline.models.base import (
+    AttentionModelConfig,
+    LossOutput,
+    ModelConfig,
+    SelectModel,
+    TaskKind,
+)
 from pipeline.models.layers import (
     EncoderLayer,
     MultiHeadAttention,
@@ -188,6 +194,7 @@ class SequenceEncoder(nn.Module):
         dropout: float,
         knowledge_dim: int = 0,
         speaker_embedding: bool = True,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.embed = FeatureEmbedding(vocab_size, d_embed, knowledge_dim, d_model)
@@ -196,7 +203,8 @@ class SequenceEncoder(nn.Module):
         # speaker id (0 pad, 1 self, 2 other) carries the same information.
         self.speaker = SegmentEmbedding(3, d_model, padding_idx=0) if speaker_embedding else None
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout) for _ in range(n_layers)
+            EncoderLayer(d_model, n_heads, d_ff, dropout, attention_dropout=attention_dropout)
+            for _ in range(n_layers)
         )
         self.dropout = nn.Dropout(dropout)
 
@@ -214,6 +222,7 @@ class SequenceEncoder(nn.Module):
             c.dropout,
             c.knowledge_dim,
             c.speaker_embedding,
+            c.attention_dropout_p,
         )
 
     def forward(
@@ -358,7 +367,7 @@ def bidirectional_score(
 # --------------------------------------------------------------------------- HRT
 
 
-class TransformerSelectConfig(SelectConfig):
+class TransformerSelectConfig(SelectConfig, AttentionModelConfig):
     """Sizes shared by the Transformer-based rankers.
 
     Paper: FFN 512, 2 encoder blocks, FastText 300-d embeddings. The width (102 = 6 heads
@@ -370,7 +379,6 @@ class TransformerSelectConfig(SelectConfig):
     n_heads: int = Field(6, ge=1)
     d_ff: int = Field(512, ge=1)
     n_layers: int = Field(2, ge=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
     highway_formula: HighwayFormula = HighwayFormula.SOFTMAX
     speaker_embedding: bool = True
 
@@ -403,11 +411,13 @@ class HighwayRecurrentTransformer(RankingModel):
         self.config = config
         c = config
         self.encoder = SequenceEncoder.from_config(c)
-        self.highway = HighwayAttention(c.d_model, c.n_heads, c.dropout, c.highway_formula)
+        self.highway = HighwayAttention(
+            c.d_model, c.n_heads, c.attention_dropout_p, c.highway_formula
+        )
         self.recurrence = (
             self.highway
             if c.shared_highway
-            else HighwayAttention(c.d_model, c.n_heads, c.dropout, c.highway_formula)
+            else HighwayAttention(c.d_model, c.n_heads, c.attention_dropout_p, c.highway_formula)
         )
 
     def encode_context(

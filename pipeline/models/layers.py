@@ -70,6 +70,37 @@ class KVCache:
         return 0 if self.k is None else int(self.k.shape[2])
 
 
+@dataclass(frozen=True)
+class TokenGroups:
+    """Attention within groups of a flat, unpadded token list (variable-length attention).
+
+    Tokens are ``[n, d]`` rows with no padding; token ``i`` sits in slot ``slots[i]`` of a
+    ``[n_groups, width]`` grid (group ``slots[i] // width``) and attends only to the tokens of
+    its group. Position-wise work (projections, FFN, norms) then runs on the ``n`` real
+    tokens alone and attention on ``n_groups * width**2`` pairs instead of the ``B * L**2``
+    of a block-diagonal ``[B, L, L]`` mask. ``key_mask`` ``[n_groups, width]`` marks the
+    filled slots. Built per batch, e.g. by ``utterances.utterance_groups``.
+    """
+
+    slots: Tensor
+    key_mask: Tensor
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """``[n_groups, 1, 1, width]``: every slot attends to the filled slots of its group."""
+        return padding_mask(self.key_mask)
+
+    def to_grid(self, tokens: Tensor) -> Tensor:
+        """``[n, f]`` -> ``[n_groups, width, f]``, zero in empty slots."""
+        n_groups, width = self.key_mask.shape
+        grid = tokens.new_zeros(n_groups * width, tokens.shape[-1])
+        return grid.index_copy(0, self.slots, tokens).view(n_groups, width, tokens.shape[-1])
+
+    def from_grid(self, grid: Tensor) -> Tensor:
+        """``[n_groups, width, f]`` -> ``[n, f]``: the filled slots, in token order."""
+        return grid.reshape(-1, grid.shape[-1])[self.slots]
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention on ``F.scaled_dot_product_attention``.
 
@@ -123,12 +154,16 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
+        groups: TokenGroups | None = None,
     ) -> Tensor:
         """``query`` ``[B, Lq, d_query]``; ``key_value`` ``[B, Lk, d_kv]`` (None: self-attention).
 
         With a growing ``cache`` the new keys/values are appended to it and ``causal``
-        masks relative to the cached prefix.
+        masks relative to the cached prefix. With ``groups``, ``query`` is a flat ``[n,
+        d_query]`` token list and each token attends within its group (self-attention only).
         """
+        if groups is not None:
+            return self._grouped(query, groups)
         kv_input = query if key_value is None else key_value
         q = self._heads(self.q_proj(query))
         if cache is not None and cache.static and cache.k is not None:
@@ -143,6 +178,17 @@ class MultiHeadAttention(nn.Module):
         out = attend(q, k, v, mask, causal, self.dropout if self.training else 0.0)
         b, _, lq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head))
+
+    def _grouped(self, tokens: Tensor, groups: TokenGroups) -> Tensor:
+        """Self-attention of ``[n, d]`` tokens within their groups: only q/k/v visit the grid."""
+        q, k, v = (
+            self._heads(groups.to_grid(proj(tokens)))
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        mask = groups.attention_mask
+        out = attend(q, k, v, mask, False, self.dropout if self.training else 0.0)
+        out = out.transpose(1, 2).flatten(2)
+        return self.out_proj(groups.from_grid(out))
 
 
 def attend(
@@ -238,7 +284,9 @@ class TokenEmbedding(nn.Embedding):
 class EncoderLayer(nn.Module):
     """Post-norm Transformer layer: self-attention then FFN, each residual + LayerNorm.
 
-    With ``causal=True`` in ``forward`` it is a decoder-only (GPT) block.
+    With ``causal=True`` in ``forward`` it is a decoder-only (GPT) block. ``dropout`` applies
+    to the residual branches and the FFN; ``attention_dropout`` to the attention
+    probabilities (``None``: the same as ``dropout``).
     """
 
     def __init__(
@@ -249,10 +297,15 @@ class EncoderLayer(nn.Module):
         dropout: float = 0.1,
         d_head: int | None = None,
         congruent: bool = False,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.attn = MultiHeadAttention(
-            d_model, n_heads, d_head, dropout=dropout, congruent=congruent
+            d_model,
+            n_heads,
+            d_head,
+            dropout=dropout if attention_dropout is None else attention_dropout,
+            congruent=congruent,
         )
         self.ffn = FeedForward(d_model, d_ff, dropout)
         self.norm_attn = nn.LayerNorm(d_model)
@@ -265,13 +318,17 @@ class EncoderLayer(nn.Module):
         mask: Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
+        groups: TokenGroups | None = None,
     ) -> Tensor:
-        x = self.norm_attn(x + self.dropout(self.attn(x, mask=mask, causal=causal, cache=cache)))
+        """``x`` ``[B, L, d]``, or ``[n, d]`` tokens attending within ``groups``."""
+        h = self.attn(x, mask=mask, causal=causal, cache=cache, groups=groups)
+        x = self.norm_attn(x + self.dropout(h))
         return self.norm_ffn(x + self.dropout(self.ffn(x)))
 
 
 class DecoderLayer(nn.Module):
-    """Post-norm decoder layer: causal self-attention, cross-attention, FFN."""
+    """Post-norm decoder layer: causal self-attention, cross-attention, FFN (dropouts as
+    in ``EncoderLayer``)."""
 
     def __init__(
         self,
@@ -281,11 +338,13 @@ class DecoderLayer(nn.Module):
         dropout: float = 0.1,
         d_head: int | None = None,
         d_memory: int | None = None,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, n_heads, d_head, dropout=dropout)
+        p_attn = dropout if attention_dropout is None else attention_dropout
+        self.self_attn = MultiHeadAttention(d_model, n_heads, d_head, dropout=p_attn)
         self.cross_attn = MultiHeadAttention(
-            d_model, n_heads, d_head, d_kv=d_memory, dropout=dropout
+            d_model, n_heads, d_head, d_kv=d_memory, dropout=p_attn
         )
         self.ffn = FeedForward(d_model, d_ff, dropout)
         self.norm_self = nn.LayerNorm(d_model)
@@ -347,13 +406,14 @@ class Decoder(nn.Module):
         d_head: int | None = None,
         d_memory: int | list[int] | None = None,
         pad_id: int = 0,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         d_memories = d_memory if isinstance(d_memory, list) else [d_memory] * n_layers
         self.embed = TokenEmbedding(vocab_size, d_model, pad_id)
         self.positions = SinusoidalPositions(d_model)
         self.layers = nn.ModuleList(
-            DecoderLayer(d_model, n_heads, d_ff, dropout, d_head, d_memories[i])
+            DecoderLayer(d_model, n_heads, d_ff, dropout, d_head, d_memories[i], attention_dropout)
             for i in range(n_layers)
         )
         self.dropout = nn.Dropout(dropout)

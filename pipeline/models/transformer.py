@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import ModelConfig, Seq2SeqModel, TaskKind
+from pipeline.models.base import AttentionModelConfig, Seq2SeqModel, TaskKind
 from pipeline.models.layers import (
     Decoder,
     DecoderCache,
@@ -37,7 +37,7 @@ from pipeline.models.layers import (
 from pipeline.models.registry import register
 
 
-class TransformerConfig(ModelConfig):
+class TransformerConfig(AttentionModelConfig):
     """Sizes of the U-Net paper's Transformer: d=256, 6+6 layers, 8 heads of 64, FFN 1024.
 
     ``d_head`` is the per-head key/value size; the paper keeps 64 (so 8 heads span 512, not
@@ -50,7 +50,6 @@ class TransformerConfig(ModelConfig):
     n_heads: int = Field(8, ge=1)
     d_head: int | None = Field(64, ge=1)
     d_ff: int = Field(1024, ge=1)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
     n_segments: int = Field(32, ge=1)
 
     @field_validator("d_head")
@@ -144,10 +143,20 @@ class EncoderDecoder(Seq2SeqModel):
         dropout: float,
         n_segments: int,
         d_memory: int | list[int] | None = None,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.decoder = Decoder(
-            vocab_size, d_model, n_decoder_layers, n_heads, d_ff, dropout, d_head, d_memory, PAD_ID
+            vocab_size,
+            d_model,
+            n_decoder_layers,
+            n_heads,
+            d_ff,
+            dropout,
+            d_head,
+            d_memory,
+            PAD_ID,
+            attention_dropout,
         )
         self.embedding = HistoryEmbedding(self.decoder.embed, n_segments, dropout)
 
@@ -173,11 +182,21 @@ class TransformerEncoder(nn.Module):
     """A stack of post-norm ``EncoderLayer``s over the flat history; pad outputs are zero."""
 
     def __init__(
-        self, d_model: int, n_layers: int, n_heads: int, d_head: int, d_ff: int, dropout: float
+        self,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        d_head: int,
+        d_ff: int,
+        dropout: float,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, d_head) for _ in range(n_layers)
+            EncoderLayer(
+                d_model, n_heads, d_ff, dropout, d_head, attention_dropout=attention_dropout
+            )
+            for _ in range(n_layers)
         )
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
@@ -204,10 +223,17 @@ class Transformer(EncoderDecoder):
             c.d_ff,
             c.dropout,
             c.n_segments,
+            attention_dropout=c.attention_dropout_p,
         )
         self.config = config
         self.encoder = TransformerEncoder(
-            c.d_model, c.n_encoder_layers, c.n_heads, c.head_size, c.d_ff, c.dropout
+            c.d_model,
+            c.n_encoder_layers,
+            c.n_heads,
+            c.head_size,
+            c.d_ff,
+            c.dropout,
+            c.attention_dropout_p,
         )
 
     def encode_embedded(self, x: Tensor, mask: Tensor) -> EncoderMemory:

@@ -53,13 +53,13 @@ from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pipeline.models.base import ModelConfig, TaskKind
+from pipeline.models.base import AttentionModelConfig, TaskKind
 from pipeline.models.layers import FeedForward, MultiHeadAttention, xavier_
 from pipeline.models.registry import register
 from pipeline.models.transformer import EncoderDecoder, EncoderMemory, check_head_size
 
 
-class UNetConfig(ModelConfig):
+class UNetConfig(AttentionModelConfig):
     """The U-Net paper's sizes and the ablation switches (defaults: the full U-Net)."""
 
     d_model: int = Field(256, ge=1)
@@ -69,7 +69,6 @@ class UNetConfig(ModelConfig):
     d_head: int | None = Field(64, ge=1)
     d_ff: int = Field(1024, ge=1)
     width_growth: float = Field(math.sqrt(2), ge=1.0)
-    dropout: float = Field(0.1, ge=0.0, lt=1.0)
     n_segments: int = Field(32, ge=1)
     skip: bool = True
     conv: bool = True
@@ -227,6 +226,7 @@ class UNetLayer(nn.Module):
         dropout: float,
         conv: bool,
         resample: Resample,
+        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         if not conv and (d_in != d_out or resample is not Resample.NONE):
@@ -236,7 +236,8 @@ class UNetLayer(nn.Module):
         self.norm_conv = nn.LayerNorm(d_out) if conv else None
         # The conv module's residual exists only where the layer keeps its size.
         self.conv_residual = conv and d_in == d_out and resample is Resample.NONE
-        self.attn = MultiHeadAttention(d_out, n_heads, d_head, d_kv=d_in, dropout=dropout)
+        p_attn = dropout if attention_dropout is None else attention_dropout
+        self.attn = MultiHeadAttention(d_out, n_heads, d_head, d_kv=d_in, dropout=p_attn)
         self.ffn = FeedForward(d_out, d_ff, dropout)
         self.norm_attn = nn.LayerNorm(d_out)
         self.norm_ffn = nn.LayerNorm(d_out)
@@ -280,6 +281,7 @@ class UNetEncoder(nn.Module):
                 c.dropout,
                 c.conv,
                 resamples[i],
+                c.attention_dropout_p,
             )
             for i in range(c.n_layers)
         )
@@ -335,6 +337,7 @@ class UNetTransformer(EncoderDecoder):
             c.dropout,
             c.n_segments,
             d_memory,
+            c.attention_dropout_p,
         )
         self.config = config
         self.encoder = UNetEncoder(c)

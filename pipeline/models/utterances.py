@@ -1,5 +1,6 @@
 """Flat histories -> utterance grids, for models that encode utterance by utterance
-(HRED family, Highway Recurrent Transformer, hierarchical LSTM rankers)."""
+(HRED family, Highway Recurrent Transformer, hierarchical LSTM rankers), and the
+utterances as attention groups of the real tokens (the HT-Encoder's utterance layers)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 from torch import Tensor
 
 from pipeline.data.batch import History
+from pipeline.models.layers import TokenGroups
 
 
 @dataclass(frozen=True)
@@ -65,3 +67,26 @@ def split_utterances(history: History, knowledge: Tensor | None = None) -> Utter
         knowledge=None if knowledge is None else scatter(knowledge),
         count=count,
     )
+
+
+def utterance_groups(history: History) -> TokenGroups:
+    """Each utterance of ``history`` as one attention group of its real tokens.
+
+    Tokens are taken in the order of ``x[history.input_mask]`` (row-major); utterance
+    ``(b, utt_index)`` is group ``sum(n_utterances[:b]) + utt_index``, its tokens placed by
+    ``utt_pos`` (which the batch contract makes unique within an utterance). Attention
+    within these groups is exactly the UT-mask's (``masks.utterance_mask``) on the real
+    tokens. One host read per batch (the grid size).
+    """
+    real = history.input_mask
+    utt_index = history.utt_index.masked_fill(~real, -1)
+    n_utt = utt_index.amax(dim=1) + 1 if real.shape[1] else real.new_zeros(real.shape[0])
+    first = n_utt.cumsum(0) - n_utt
+    groups = (first[:, None] + utt_index)[real]
+    positions = history.utt_pos[real]
+    max_pos = positions.max() if positions.numel() else positions.new_tensor(0)
+    n_groups, width = (int(v) for v in torch.stack([n_utt.sum(), max_pos + 1]).tolist())
+    key_mask = torch.zeros(n_groups * width, dtype=torch.bool, device=real.device)
+    slots = groups * width + positions
+    key_mask[slots] = True
+    return TokenGroups(slots=slots, key_mask=key_mask.view(n_groups, width))

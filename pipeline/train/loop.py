@@ -6,7 +6,8 @@ checkpoint hand-off): ``LocalContext`` here runs in-process; ``distributed.RayCo
 forward (bf16 autocast on GPU) -> backward -> clip -> step -> schedule; then, when due,
 evaluate (loss and perplexity summed over every rank's slice of the validation split),
 checkpoint, and stop early when the validation loss has not improved for ``patience``
-evaluations.
+evaluations. Nothing in a step waits for the device: batches are copied one ahead
+(:func:`to_device`) and the train metrics stay on the device until they are logged.
 
 Determinism: worker ``r`` seeds ``seed + r``; a checkpoint holds every rank's RNG state and
 the number of batches of the epoch already consumed, so a run resumed from any checkpoint
@@ -21,9 +22,10 @@ over-weight ranks with fewer tokens).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -260,11 +262,11 @@ class _Run:
         return torch.autocast(device_type=self.ctx.device.type, dtype=self.dtype)
 
     def train_step(self, batch: Batch) -> None:
+        """One optimizer step on ``batch`` (already on the device)."""
         p, prog = self.p, self.progress
         self.model.train()
         if isinstance(self.raw, StepHook):
             self.raw.on_train_step(prog.step, prog.epoch)
-        batch = batch.to(self.ctx.device)
         with self.autocast():
             out = self.model(batch)
         n_local = out.n_tokens.detach().float()
@@ -273,30 +275,30 @@ class _Run:
         self.optimizer.zero_grad(set_to_none=True)
         (out.loss * scale).backward()
         grad_norm = (
-            float(nn.utils.clip_grad_norm_(self.raw.parameters(), p.clip_norm))
+            nn.utils.clip_grad_norm_(self.raw.parameters(), p.clip_norm)
             if p.clip_norm is not None
-            else math.nan
+            else None
         )
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
         self.scheduler.step()
         prog.step += 1
         prog.batch_in_epoch += 1
-        self._window.add(out, grad_norm, lr, batch.batch_size)
-        if self.sink is not None and prog.step % p.log_every == 0:
-            self.sink.log_metrics(self._window.flush(self.task), prog.step)
+        # Only rank 0 logs: other ranks skip the accumulation and its kernels altogether.
+        if self.sink is not None:
+            self._window.add(out, grad_norm, lr, batch.batch_size)
+            if prog.step % p.log_every == 0:
+                self.sink.log_metrics(self._window.flush(self.task), prog.step)
 
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
         self.raw.eval()
         totals = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
-        limit = self.p.max_batches_per_epoch
         self.valid_data.set_epoch(0)
-        for i, batch in enumerate(self.valid_data.iter_from(0)):
-            if limit is not None and i >= limit:
-                break
+        batches = itertools.islice(self.valid_data.iter_from(0), self.p.max_batches_per_epoch)
+        for batch in to_device(batches, self.ctx.device):
             with self.autocast():
-                out = self.raw.loss(batch.to(self.ctx.device))
+                out = self.raw.loss(batch)
             totals[0] += out.nll_sum.double()
             totals[1] += out.n_tokens.double()
         totals = self.ctx.all_reduce(totals)
@@ -339,11 +341,14 @@ class _Run:
         if n_batches == 0:
             raise RuntimeError("the training split yields no batches on this rank")
         bar = _bar(self.ctx.rank == 0 and self.job.show_progress, prog.epoch, n_batches)
+        # Cut the epoch at the source so that the prefetcher collates no batch past its end.
+        todo = itertools.islice(
+            self.train_data.iter_from(prog.batch_in_epoch),
+            max(n_batches - prog.batch_in_epoch, 0),
+        )
         with bar:
             bar.advance(prog.batch_in_epoch)
-            for batch in self.train_data.iter_from(prog.batch_in_epoch):
-                if prog.batch_in_epoch >= n_batches:
-                    break
+            for batch in to_device(todo, self.ctx.device):
                 self.train_step(batch)
                 bar.advance(1)
                 if p.eval_every is not None and prog.step % p.eval_every == 0:
@@ -408,6 +413,30 @@ def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, 
 # --------------------------------------------------------------------------- helpers
 
 
+def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
+    """``batches`` moved to ``device``, in order.
+
+    On CUDA the copy runs one batch ahead: batch k+1 is collated, pinned and its
+    ``non_blocking`` copy queued before batch k is handed out, so the host prepares the next
+    batch while the device is still busy with the step before. The copy goes on the current
+    stream, so the kernels that later read the batch wait for it. At most one batch past the
+    last one handed out is pulled from ``batches``. On other devices each batch is moved
+    when it is handed out.
+    """
+    if device.type != "cuda":
+        for batch in batches:
+            yield batch.to(device)
+        return
+    ahead: Batch | None = None
+    for batch in batches:
+        moved = batch.pin_memory().to(device, non_blocking=True)
+        if ahead is not None:
+            yield ahead
+        ahead = moved
+    if ahead is not None:
+        yield ahead
+
+
 class LossModule(nn.Module):
     """``forward(batch) = model.loss(batch)``: DDP synchronises gradients of what runs
     through ``forward``, and models expose ``loss``."""
@@ -421,43 +450,63 @@ class LossModule(nn.Module):
 
 
 class _Window:
-    """Train metrics accumulated between two logged steps."""
+    """Train metrics accumulated between two logged steps.
+
+    The sums stay on the device (one float64 vector, detached, the same size whatever the
+    window's length) so that a step never waits for the device; :meth:`flush` reads them
+    back once per logged step. float64 sums of the per-step values give exactly the numbers
+    that summing them as Python floats gave.
+    """
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.nll = self.tokens = self.loss = 0.0
+        self.sums: Tensor | None = None  # loss, nll_sum, n_tokens, then out.terms' values
+        self.names: tuple[str, ...] = ()  # the keys of out.terms, in the order of self.sums
         self.steps = self.examples = 0
-        self.grad_norm = self.lr = math.nan
-        self.terms: dict[str, float] = {}
+        self.grad_norm: Tensor | None = None  # the last step's; None = no clipping
+        self.lr = math.nan
         self.start = time.perf_counter()
 
-    def add(self, out: Any, grad_norm: float, lr: float, examples: int) -> None:
-        self.nll += float(out.nll_sum)
-        self.tokens += float(out.n_tokens)
-        self.loss += float(out.loss.detach())
+    def add(self, out: LossOutput, grad_norm: Tensor | None, lr: float, examples: int) -> None:
+        values = torch.stack(
+            [
+                v.detach().double()
+                for v in (out.loss, out.nll_sum, out.n_tokens, *out.terms.values())
+            ]
+        )
+        names = tuple(out.terms)
+        if self.sums is None:
+            self.sums, self.names = values, names
+        elif names != self.names:
+            raise ValueError(f"loss terms changed within a log window: {self.names} -> {names}")
+        else:
+            self.sums += values
         self.steps += 1
         self.examples += examples
-        self.grad_norm, self.lr = grad_norm, lr
-        for k, v in out.terms.items():
-            self.terms[k] = self.terms.get(k, 0.0) + float(v)
+        self.grad_norm = None if grad_norm is None else grad_norm.detach()
+        self.lr = lr
 
     def flush(self, task: TaskKind) -> dict[str, float]:
+        assert self.sums is not None, "flush() follows at least one add()"
+        # Read the device before the clock, so the time covers the steps still queued on it.
+        loss, nll_sum, tokens, *terms = self.sums.tolist()
+        grad_norm = None if self.grad_norm is None else float(self.grad_norm)
         seconds = max(time.perf_counter() - self.start, 1e-9)
-        nll = self.nll / max(self.tokens, 1.0)
+        nll = nll_sum / max(tokens, 1.0)
         out = {
-            "train_loss": self.loss / max(self.steps, 1),
+            "train_loss": loss / self.steps,
             "train_nll": nll,
             "lr": self.lr,
             "examples_per_s": self.examples / seconds,
-            "tokens_per_s": self.tokens / seconds,
+            "tokens_per_s": tokens / seconds,
         }
         if task != TaskKind.SELECT:
             out["train_ppl"] = math.exp(min(nll, 50.0))
-        if not math.isnan(self.grad_norm):
-            out["grad_norm"] = self.grad_norm
-        out.update({f"train_{k}": v / max(self.steps, 1) for k, v in self.terms.items()})
+        if grad_norm is not None:
+            out["grad_norm"] = grad_norm
+        out.update({f"train_{k}": v / self.steps for k, v in zip(self.names, terms, strict=True)})
         self.reset()
         return out
 

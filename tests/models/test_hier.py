@@ -169,6 +169,26 @@ def test_all_true_masks_equal_a_plain_encoder():
     assert_close(enc(h, ones, ones), x)
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "mat"])
+def test_packed_utterance_layers_equal_the_ut_mask(name):
+    """The default (utterance layers on the real tokens, attention per utterance) computes
+    what the paper's masked flat history computes: same states, loss and gradients."""
+    packed = small(name, **oracle(name)).train()
+    masked = small(name, utterance_attention="masked", **oracle(name)).train()
+    assert packed.config.utterance_attention == "packed"
+    masked.load_state_dict(packed.state_dict())
+    h, real = BATCH.history, BATCH.history.input_mask
+    assert_close(packed.encode_history(h).states[real], masked.encode_history(h).states[real])
+    loss_packed, loss_masked = packed.loss(BATCH).loss, masked.loss(BATCH).loss
+    assert_close(loss_packed, loss_masked)
+    loss_packed.backward()
+    loss_masked.backward()
+    for (key, a), (_, b) in zip(packed.named_parameters(), masked.named_parameters(), strict=True):
+        assert (a.grad is None) == (b.grad is None), key
+        if a.grad is not None:
+            assert_close(a.grad, b.grad, atol=1e-6)
+
+
 def test_mat_with_full_mask_is_a_plain_transformer_encoder():
     model = small("mat", context_mask="full")
     enc, h = model.encoder, BATCH.history

@@ -20,6 +20,7 @@ from pipeline.models.layers import (
     SegmentEmbedding,
     SinusoidalPositions,
     TokenEmbedding,
+    TokenGroups,
     attend,
     causal_mask,
     padding_mask,
@@ -118,6 +119,42 @@ def test_congruent_attention_shares_query_and_key_projection() -> None:
     assert congruent.q_proj.weight.grad is not None
     with pytest.raises(ValueError, match="congruent"):
         MultiHeadAttention(8, n_heads=2, d_kv=6, congruent=True)
+
+
+def _two_groups() -> tuple[TokenGroups, torch.Tensor]:
+    """Five tokens in groups {0, 1, 2} and {3, 4} (slots of a 2 x 3 grid) and the
+    equivalent ``[1, 5, 5]`` block-diagonal mask over the same tokens as one sequence."""
+    groups = TokenGroups(
+        slots=torch.tensor([0, 1, 2, 3, 4]),
+        key_mask=torch.tensor([[True, True, True], [True, True, False]]),
+    )
+    group = torch.tensor([0, 0, 0, 1, 1])
+    return groups, (group[:, None] == group[None, :]).unsqueeze(0)
+
+
+def test_grouped_attention_equals_a_block_diagonal_mask() -> None:
+    groups, block = _two_groups()
+    layer = EncoderLayer(8, 2, 16, dropout=0.0).train()
+    x = torch.randn(5, 8, requires_grad=True)
+    grouped = layer(x, groups=groups)
+    masked = layer(x.unsqueeze(0), mask=block).squeeze(0)
+    assert torch.allclose(grouped, masked, atol=1e-6)
+    (g_grouped,) = torch.autograd.grad(grouped.square().sum(), x)
+    (g_masked,) = torch.autograd.grad(masked.square().sum(), x)
+    assert torch.allclose(g_grouped, g_masked, atol=1e-6)
+
+
+def test_attention_dropout_is_separate_from_dropout() -> None:
+    layer = EncoderLayer(8, 2, 16, dropout=0.3, attention_dropout=0.0)
+    assert layer.attn.dropout == 0.0 and layer.dropout.p == 0.3
+    assert EncoderLayer(8, 2, 16, dropout=0.3).attn.dropout == 0.3
+    decoder = Decoder(11, 8, 1, 2, 16, dropout=0.2, attention_dropout=0.5)
+    assert decoder.layers[0].self_attn.dropout == decoder.layers[0].cross_attn.dropout == 0.5
+    # Attention-probability dropout alone still randomises training outputs.
+    only_attn = EncoderLayer(8, 2, 16, dropout=0.0, attention_dropout=0.5).train()
+    x = torch.randn(2, 6, 8)
+    assert not torch.allclose(only_attn(x), only_attn(x))
+    assert torch.allclose(only_attn.eval()(x), only_attn(x))
 
 
 def test_growing_cache_equals_full_causal_attention() -> None:

@@ -1,4 +1,5 @@
-"""split_utterances: flat history -> [B, U, Lu] grid, exactly and with clear errors."""
+"""split_utterances: flat history -> [B, U, Lu] grid, exactly and with clear errors;
+utterance_groups: the utterances as attention groups of the real tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID, SPEAKER_OTHER
-from pipeline.models.utterances import split_utterances
+from pipeline.models import masks
+from pipeline.models.utterances import split_utterances, utterance_groups
 from tests.batches import make_history, random_generate_batch
 
 
@@ -61,3 +63,53 @@ def test_rejects_gaps_and_clashes_and_allows_empty_rows() -> None:
         split_utterances(dataclasses.replace(one, utt_pos=torch.zeros_like(one.utt_pos)))
     empty = dataclasses.replace(h, input_ids=h.input_ids * 0, input_mask=h.input_mask & False)
     assert not split_utterances(empty).utt_mask.any()
+
+
+def test_groups_by_hand() -> None:
+    history = make_history(
+        [[[BOS_ID, 7, EOS_ID], [BOS_ID, 8, 9, EOS_ID]], [[BOS_ID, 5, EOS_ID]]],
+        [[2, 1], [2]],
+    )
+    groups = utterance_groups(history)
+    # Three utterances, the longest 4 tokens: a 3 x 4 grid, filled in token order.
+    assert groups.key_mask.tolist() == [
+        [True, True, True, False],
+        [True, True, True, True],
+        [True, True, True, False],
+    ]
+    assert groups.slots.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10]
+    tokens = history.input_ids[history.input_mask].unsqueeze(-1)
+    assert groups.to_grid(tokens).squeeze(-1).tolist() == [
+        [BOS_ID, 7, EOS_ID, 0],
+        [BOS_ID, 8, 9, EOS_ID],
+        [BOS_ID, 5, EOS_ID, 0],
+    ]
+    assert torch.equal(groups.from_grid(groups.to_grid(tokens)), tokens)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_groups_are_the_ut_mask_on_real_tokens(seed: int) -> None:
+    h = random_generate_batch(5, 40, max_utterances=5, seed=seed).history
+    groups = utterance_groups(h)
+    real = h.input_mask
+    width = groups.key_mask.shape[1]
+    group = groups.slots // width
+    same_group = group[:, None] == group[None, :]
+    ut = masks.utterance_mask(h)
+    # The UT-mask restricted to real tokens (rows and columns in token order).
+    n_real = real.sum(1).tolist()
+    blocks = [ut[b][real[b]][:, real[b]] for b in range(5)]
+    expected = torch.block_diag(*[blk.float() for blk in blocks]).bool()
+    assert sum(n_real) == len(groups.slots)
+    assert torch.equal(same_group, expected)
+
+
+def test_groups_of_empty_rows_and_numbering_gaps() -> None:
+    h = make_history([[[BOS_ID, 7, EOS_ID], [BOS_ID, 8, EOS_ID]]], [[2, 1]])
+    gap = dataclasses.replace(h, utt_index=torch.where(h.utt_index == 1, 2, h.utt_index))
+    groups = utterance_groups(gap)
+    # Utterance 1 is missing: its group stays empty, the others keep their tokens apart.
+    assert groups.key_mask.sum(1).tolist() == [3, 0, 3]
+    empty = dataclasses.replace(h, input_ids=h.input_ids * 0, input_mask=h.input_mask & False)
+    groups = utterance_groups(empty)
+    assert groups.slots.numel() == 0 and groups.key_mask.shape[0] == 0

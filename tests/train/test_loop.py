@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,9 +20,11 @@ from pipeline.config import RunParams, ScheduleKind, ScheduleParams
 from pipeline.data.batch import GenerateBatch
 from pipeline.models.base import LossOutput, TaskKind
 from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from pipeline.train.loop import TrainJob, train_local
-from pipeline.train.optim import lr_factor
-from tests.train.helpers import PoolFactory, ToyFactory
+from pipeline.train.loop import TrainJob, _Window, to_device, train_local
+from pipeline.train.optim import lr_factor, make_optimizer, make_scheduler
+from pipeline.train.seed import seed_everything
+from tests.batches import random_generate_batch
+from tests.train.helpers import VOCAB, PoolFactory, ToyConfig, ToyFactory, ToyModel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -199,3 +202,186 @@ def test_max_steps_and_max_batches_per_epoch(tmp_path):
     state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
     assert state["progress"]["stop_reason"] == "max_steps"
     assert state["progress"]["last_eval_step"] == 7  # the final weights were evaluated
+
+
+# --------------------------------------------------------------------------- train metrics
+
+
+class _ToyWithTerms(ToyModel):
+    """The toy model with two logged loss terms."""
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        out = super().loss(batch)
+        terms = {"half": out.loss.detach() / 2, "tokens": out.n_tokens.detach()}
+        return replace(out, terms=terms)
+
+
+@dataclass(frozen=True)
+class _ToyWithTermsFactory:
+    def __call__(self) -> nn.Module:
+        return _ToyWithTerms(ToyConfig(vocab_size=VOCAB, d_model=8))
+
+
+def _replay(job: TrainJob, steps: int) -> list[dict[str, float]]:
+    """Each step's values, from a plain re-implementation of the loop's first ``steps``."""
+    p = job.params
+    seed_everything(p.seed)
+    model = job.model()
+    optimizer = make_optimizer(model, p.optimizer)
+    scheduler = make_scheduler(optimizer, p.schedule)
+    train, _ = job.data(0, 1)
+    train.set_epoch(0)
+    records = []
+    for _, batch in zip(range(steps), train.iter_from(0), strict=False):
+        out = model.loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        record = {
+            "loss": float(out.loss.detach()),
+            "nll": float(out.nll_sum),
+            "tokens": float(out.n_tokens),
+            "half": float(out.terms["half"]),
+            "examples": float(batch.batch_size),
+            "lr": optimizer.param_groups[0]["lr"],
+        }
+        if p.clip_norm is not None:
+            record["grad_norm"] = float(nn.utils.clip_grad_norm_(model.parameters(), p.clip_norm))
+        records.append(record)
+        optimizer.step()
+        scheduler.step()
+    return records
+
+
+@pytest.mark.parametrize("clip_norm", [0.5, None])
+def test_logged_train_metrics_are_the_window_aggregates(tmp_path, clip_norm):
+    sink = ListSink([])
+    job = replace(
+        make_job(
+            tmp_path,
+            sink=sink,
+            epochs=1,
+            log_every=3,
+            clip_norm=clip_norm,
+            schedule={"kind": "linear_warmup", "warmup_steps": 4},
+        ),
+        model=_ToyWithTermsFactory(),
+    )
+    train_local(job)
+    logged = [(step, m) for step, m in sink.log if "train_loss" in m]
+    assert [step for step, _ in logged] == [3, 6]  # 8 batches, the last two never logged
+    records = _replay(job, 6)
+    for (step, metrics), window in zip(logged, (records[:3], records[3:6]), strict=True):
+        total = {k: sum(r[k] for r in window) for k in window[0]}
+        nll = total["nll"] / total["tokens"]
+        expected = {
+            "train_loss": total["loss"] / 3,
+            "train_nll": nll,
+            "train_ppl": math.exp(nll),
+            "lr": window[-1]["lr"],
+            "train_half": total["half"] / 3,
+            "train_tokens": total["tokens"] / 3,
+        }
+        if clip_norm is not None:
+            expected["grad_norm"] = window[-1]["grad_norm"]
+        rates = {"examples_per_s", "tokens_per_s"}
+        assert set(metrics) == set(expected) | rates, step
+        assert {k: metrics[k] for k in expected} == expected, step
+        ratio = metrics["tokens_per_s"] / metrics["examples_per_s"]
+        assert ratio == pytest.approx(total["tokens"] / total["examples"])
+
+
+class _SyncSpy:
+    """Records every read of a tensor's value into Python (each one a host sync on a GPU)."""
+
+    READS = ("__float__", "__int__", "__bool__", "__index__", "item", "tolist", "numpy")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reads: list[str] = []
+        for name in self.READS:
+            monkeypatch.setattr(torch.Tensor, name, self._spy(name, getattr(torch.Tensor, name)))
+
+    def _spy(self, name, original):
+        def spy(tensor, *args, **kwargs):
+            self.reads.append(name)
+            return original(tensor, *args, **kwargs)
+
+        return spy
+
+
+def test_window_reads_the_device_only_when_it_flushes(monkeypatch):
+    w = torch.ones((), requires_grad=True)
+    outs = []
+    for k in (1.0, 2.0, 3.0):
+        loss = w * k
+        outs.append(LossOutput(loss, loss * 10, torch.tensor(5), {"kl": loss / 2}))
+    norms = [torch.tensor(0.25 * k) for k in range(3)]
+    window = _Window()
+    spy = _SyncSpy(monkeypatch)
+    for _ in range(100):  # the sums keep their size however long the window
+        for out, norm in zip(outs, norms, strict=True):
+            window.add(out, norm, 0.1, 2)
+    assert spy.reads == []
+    assert window.sums is not None and window.sums.shape == (4,)
+    assert window.sums.dtype == torch.float64 and window.sums.grad_fn is None
+    metrics = window.flush(TaskKind.GENERATE)
+    assert spy.reads
+    assert metrics["train_loss"] == 2.0 and metrics["train_nll"] == 4.0
+    assert metrics["train_kl"] == 1.0 and metrics["grad_norm"] == 0.5 and metrics["lr"] == 0.1
+    assert metrics["train_ppl"] == pytest.approx(math.exp(4.0))
+    assert window.sums is None and window.steps == 0  # a fresh window
+
+
+# --------------------------------------------------------------------------- to_device
+
+
+def _pulled(items: Iterable, log: list) -> Iterator:
+    """``items``, appending each to ``log`` when it is pulled."""
+    for item in items:
+        log.append(item)
+        yield item
+
+
+def test_to_device_on_cpu_moves_each_batch_when_taken():
+    batches = [random_generate_batch(2, VOCAB, seed=s) for s in range(4)]
+    pulled: list = []
+    moved = to_device(_pulled(batches, pulled), torch.device("cpu"))
+    first = next(moved)
+    assert len(pulled) == 1 and torch.equal(first.target_ids, batches[0].target_ids)
+    rest = list(moved)
+    assert len(rest) == 3 and len(pulled) == 4
+    for got, want in zip(rest, batches[1:], strict=True):
+        assert torch.equal(got.target_ids, want.target_ids)
+        assert torch.equal(got.history.input_ids, want.history.input_ids)
+
+
+@dataclass
+class _FakeBatch:
+    """Records how ``to_device`` moves it (the CUDA path runs without a GPU)."""
+
+    index: int
+    log: list
+
+    def pin_memory(self) -> _FakeBatch:
+        self.log.append(("pin", self.index))
+        return self
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> _FakeBatch:
+        self.log.append(("copy", self.index, device.type, non_blocking))
+        return self
+
+
+def test_to_device_on_cuda_copies_one_batch_ahead():
+    log: list = []
+    pulled: list = []
+    batches = [_FakeBatch(i, log) for i in range(4)]
+    moved = to_device(_pulled(batches, pulled), torch.device("cuda"))
+    assert next(moved).index == 0
+    # batch 1 was pinned and its copy queued before batch 0 was handed out
+    assert log == [("pin", 0), ("copy", 0, "cuda", True), ("pin", 1), ("copy", 1, "cuda", True)]
+    assert next(moved).index == 1 and len(pulled) == 3
+    moved.close()  # the consumer stops early: nothing more is pulled
+    assert len(pulled) == 3
+    log.clear()
+    assert [b.index for b in to_device(iter(batches), torch.device("cuda"))] == [0, 1, 2, 3]
+    assert [e for e in log if e[0] == "copy"] == [("copy", i, "cuda", True) for i in range(4)]
+    assert list(to_device(iter([]), torch.device("cuda"))) == []
