@@ -19,7 +19,9 @@ All candidates are built at the U-Net paper's size (d=256, 6+6 layers, 8 heads, 
 Run: ``python -m bench.bench_train`` (``--scale tiny`` for a smoke test; ``--dtypes fp32
 bf16`` interleaves both autocast dtypes in one run; ``--compile`` adds a
 ``torch.compile``d copy of each candidate (compilation happens in the warm-up steps, its
-time is printed); ``--device cuda --dtype bf16`` on a GPU).
+time is printed); ``--device cuda --dtype bf16`` on a GPU). Model FLOPs per step are
+counted by ``torch.utils.flop_counter`` (forward + backward); with ``--peak-tflops`` (the
+device's dense peak for the dtype, e.g. 989 for an H100 SXM in bf16) the MFU is printed.
 
 Scaling (``--ray-workers 1 2 --data DIR``): the project's own loop
 (``pipeline.train.distributed.fit``, Ray Train DDP over gloo, one CPU per worker) on the
@@ -203,6 +205,17 @@ def build(name: str, s: Sizes) -> tuple[nn.Module, Callable[[GenerateBatch], Ten
     raise SystemExit(f"unknown candidate {name!r}; choose from {', '.join(CANDIDATES)}")
 
 
+def step_flops(model: nn.Module, loss_fn: Callable[[GenerateBatch], Tensor], batch) -> int:
+    """FLOPs of one forward + backward of ``loss_fn`` on ``batch`` (matmuls and attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(batch).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
 def train_step(
     model: nn.Module,
     loss_fn: Callable[[GenerateBatch], Tensor],
@@ -331,6 +344,7 @@ def main() -> None:
         "--dtypes", nargs="+", choices=sorted(DTYPES), default=None, help="compare in one run"
     )
     p.add_argument("--compile", action="store_true", help="add torch.compile'd candidates")
+    p.add_argument("--peak-tflops", type=float, default=None, help="device peak: prints MFU")
     p.add_argument("--ray-workers", type=int, nargs="*", default=[], help="scaling mode")
     p.add_argument("--data", type=Path, default=None, help="scaling: folder with chitchat/")
     args = p.parse_args()
@@ -347,7 +361,7 @@ def main() -> None:
     n_history = int(batch.history.input_mask.sum())
 
     dtypes = args.dtypes or [args.dtype]
-    steps, params, references = {}, {}, {}
+    steps, params, references, flops = {}, {}, {}, {}
     compile_seconds: dict[str, float] = {}
     for dtype in dtypes:
         for name, compiled in itertools.product(args.models, (False, True)[: 1 + args.compile]):
@@ -357,6 +371,7 @@ def main() -> None:
             model, loss_fn = build(name, s)
             model.to(args.device)
             params[label] = count_parameters(model)
+            flops[label] = step_flops(model, loss_fn, batch)
             if compiled:
                 loss_fn = torch.compile(loss_fn)
             steps[label] = train_step(model, loss_fn, batch, args, dtype)
@@ -371,8 +386,19 @@ def main() -> None:
     for label, r in results.items():
         reference = results.get(references[label])
         ratio = reference.median / r.median if reference else float("nan")
+        tflops = flops[label] / r.median / 1e12
+        mfu = [f"{tflops / args.peak_tflops:.1%}"] if args.peak_tflops else []
         rows.append(
-            [label, f"{params[label] / 1e6:.2f}M", *timing_cells(r), n_target / r.median, ratio]
+            [
+                label,
+                f"{params[label] / 1e6:.2f}M",
+                *timing_cells(r),
+                n_target / r.median,
+                f"{flops[label] / 1e9:.1f}",
+                f"{tflops:.3f}",
+                *mfu,
+                ratio,
+            ]
         )
     print(f"## Training throughput ({args.scale} size, {', '.join(dtypes)})\n")
     print(env.markdown())
@@ -382,7 +408,8 @@ def main() -> None:
         f"{n_target} target tokens; {args.repeats} timed steps per model after "
         f"{args.warmup} warm-up, interleaved\n"
     )
-    headers = ["model", "params", "step ms (median)", "IQR ms", "target tok/s", "speed vs bart"]
+    headers = ["model", "params", "step ms (median)", "IQR ms", "target tok/s"]
+    headers += ["GFLOP/step", "TFLOP/s", *(["MFU"] if args.peak_tflops else []), "speed vs bart"]
     print(table(headers, rows))
     if compile_seconds:
         print()

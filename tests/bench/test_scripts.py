@@ -12,8 +12,9 @@ TOY = ["--repeats", "1", "--warmup", "0"]
 RUNS = {
     "train": (
         bench_train,
-        "--scale tiny --models transformer unet torch --batch-size 2 --history 12 --target 5",
-        "speed vs bart",
+        "--scale tiny --models transformer transformer_p0 unet torch --batch-size 2 "
+        "--history 12 --target 5 --peak-tflops 100",
+        "| TFLOP/s | MFU | speed vs bart |",
     ),
     "decode": (
         bench_decode,
