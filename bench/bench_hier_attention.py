@@ -1,24 +1,26 @@
-"""HT-Encoder utterance layers: the masked flat history vs packed utterances.
+"""HT-Encoder attention: the masked flat history vs packed token groups.
 
-The HT-Encoder's utterance (UT) layers let a token attend only to its own utterance.
-``hier.py`` runs them in one of two ways (``HierConfig.utterance_attention``), with the
-same layers and parameters:
+The HT-Encoder's utterance (UT) layers let a token attend only to its own utterance; the
+HIER CT-mask adds only the final utterance's rows. ``hier.py`` runs the encoder in one of
+two ways (``HierConfig.attention_layout``), with the same layers and parameters:
 
 - ``masked`` (the paper's formulation): every layer over the flat ``[B, L]`` history with
-  a ``[B, L, L]`` block-diagonal mask (``masks.utterance_mask``); attention costs
-  ``B * L^2`` although only ``sum(utterance lengths^2)`` of it is allowed, and every
-  position-wise op runs on the padding too;
+  ``[B, L, L]`` masks (``masks.utterance_mask``, ``masks.context_mask``); attention costs
+  ``B * L^2`` although the UT-mask allows only ``sum(utterance lengths^2)`` of it, and
+  every position-wise op runs on the padding too;
 - ``packed`` (the default): the hidden states are the ``[n_real, d]`` real tokens (no
-  padding anywhere); only inside attention are q/k/v placed on the ``[N, H, Lu, d_head]``
-  utterance grid (``layers.TokenGroups`` from ``utterances.utterance_groups``).
+  padding anywhere); only inside attention are q/k/v placed on grids: ``[N, H, Lu,
+  d_head]`` utterances (``utterances.utterance_groups``) and, for the CT-mask, the earlier
+  utterances plus ``[B, H, L_final, d_head]`` final-utterance queries over their rows
+  (``utterances.context_groups``).
 
 Real-token outputs are the same computation (checked here: max abs difference over real
 tokens, and the loss); ``tests/models/test_hier.py`` also checks equal gradients.
 
-Measured for the encoder alone (eval forward; train forward+backward with dropout) and
-for a whole ``hier`` training step (loss, backward), at HIER's sizes (d=100, 4 heads,
-FFN 100, 3+3+3 layers) and a fixed token budget per batch (4800 history positions:
-32 x 150, 16 x 300, 8 x 600, 4 x 1200). Utterances have 5-25 tokens.
+Measured for the encoder (UT and CT layers) alone (eval forward; train forward+backward
+with dropout) and for a whole ``hier`` training step (loss, backward), at HIER's sizes
+(d=100, 4 heads, FFN 100, 3+3+3 layers) and a fixed token budget per batch (4800 history
+positions: 32 x 150, 16 x 300, 8 x 600, 4 x 1200). Utterances have 5-25 tokens.
 
 FlexAttention block masks (``torch.nn.attention.flex_attention``) would skip the masked
 blocks without reshaping, but need ``torch.compile`` and pay off on a GPU; not measured.
@@ -39,13 +41,13 @@ import torch
 
 from bench.common import interleaved, number, parser, setup, synthetic_batch, table
 from pipeline.models import masks, registry
-from pipeline.models.hier import HierTransformer, UtteranceAttention
-from pipeline.models.utterances import utterance_groups
+from pipeline.models.hier import AttentionLayout, HierTransformer
+from pipeline.models.utterances import context_groups, utterance_groups
 
-LAYOUTS = [UtteranceAttention.MASKED, UtteranceAttention.PACKED]
+LAYOUTS = [AttentionLayout.MASKED, AttentionLayout.PACKED]
 
 
-def build(args, layout: UtteranceAttention) -> HierTransformer:
+def build(args, layout: AttentionLayout) -> HierTransformer:
     torch.manual_seed(args.seed)
     model = registry.build(
         "hier",
@@ -56,7 +58,7 @@ def build(args, layout: UtteranceAttention) -> HierTransformer:
         n_utterance_layers=args.layers,
         n_context_layers=args.layers,
         n_decoder_layers=args.layers,
-        utterance_attention=layout,
+        attention_layout=layout,
     )
     assert isinstance(model, HierTransformer)
     return model
@@ -84,15 +86,19 @@ def main() -> None:
         batch_size = max(1, args.batch_tokens // length)
         batch = synthetic_batch(batch_size, length, args.target, args.vocab, seed=args.seed)
         history, real = batch.history, batch.history.input_mask
-        groups = utterance_groups(history)
-        allowed = int(masks.utterance_mask(history).sum())
-        n_groups, width = groups.key_mask.shape
+        n_groups, width = utterance_groups(history).query_grid.mask.shape
+        _, final_groups = context_groups(history)
+        dense = batch_size * length**2
+        ut_allowed = int(masks.utterance_mask(history).sum())
+        ct_allowed = int(masks.context_mask(history).sum())
         layouts.append(
             [
                 f"{batch_size} x {length}",
                 f"{int(real.sum())}",
                 f"{n_groups} x {width}",
-                f"{allowed / (batch_size * length**2):.1%}",
+                " x ".join(map(str, final_groups.query_grid.mask.shape)),
+                f"{ut_allowed / dense:.1%}",
+                f"{ct_allowed / dense:.1%}",
             ]
         )
         with torch.no_grad():
@@ -139,18 +145,19 @@ def main() -> None:
             row += [f"{diff:.1e}", f"{abs(loss[k] - loss[LAYOUTS[0]]):.1e}"]
             rows.append(row)
 
-    print("## HT-Encoder utterance attention: masked flat history vs packed utterances\n")
+    print("## HT-Encoder attention: masked flat history vs packed token groups\n")
     print(env.markdown())
     print(
         f"- hier d_model={args.d_model}, heads={args.heads}, d_ff={args.d_ff}, "
         f"{args.layers}+{args.layers}+{args.layers} layers, dropout 0.1 in train; "
         f"{args.repeats} timed runs per case after {args.warmup} warm-up, interleaved\n"
     )
-    headers = ["B x L", "real tokens", "utterance grid N x Lu", "UT-mask density"]
+    headers = ["B x L", "real tokens", "utterance grid N x Lu", "final-utterance grid B x Lf"]
+    headers += ["UT-mask density", "CT-mask density"]
     print(table(headers, layouts) + "\n")
     headers = [
         "B x L",
-        "utterance_attention",
+        "attention_layout",
         "encoder fwd ms (speed-up)",
         "encoder fwd+bwd ms (speed-up)",
         "hier train step ms (speed-up)",

@@ -7,12 +7,14 @@ utterance), global positions (over the flat history) are added before the last N
 layers, which use a CT-mask (``masks.ContextMask``). A standard decoder (``layers.Decoder``)
 follows; it cross-attends to all encoder outputs by default (``masks.MemoryKeys``).
 
-The UT-mask lets a token see only its own utterance, so by default the utterance layers run
-on the real tokens alone with attention per utterance (``UtteranceAttention.PACKED``,
-``layers.TokenGroups``): the same computation on every real token as the masked flat
-history (``MASKED``), without the ``B * L**2`` attention of which the mask allows only
-``sum(utterance lengths**2)``, nor the padding. 1.18x per HIER training step at 150 tokens,
-1.5-2x at 300-1200 (bench/RESULTS.md).
+Most of what the masks forbid never needs computing: the UT-mask allows
+``sum(utterance lengths**2)`` of the ``B * L**2`` pairs, the HIER CT-mask adds only the final
+utterance's rows. So by default (``AttentionLayout.PACKED``) the layers run on the real
+tokens alone, attention grouped by utterance (``utterances.utterance_groups``) and, for the
+HIER CT-mask, by utterance plus one row per final utterance (``utterances.context_groups``;
+``layers.TokenGroups``). It is the same computation on every real token as the masked flat
+history (``MASKED``, the paper's formulation, which the other CT-masks always use), only
+without the padding and the forbidden pairs (bench/RESULTS.md).
 
 Sizes (Table 1, "L a/b/c, H, A, E"): the authors' code (bsantraigi/HIER, ``Transformer(
 ntoken, ninp, nhead, nhid, ...)``) uses E (``ninp``, "embed_size") as the model width and H
@@ -55,13 +57,17 @@ from pipeline.models.layers import (
 )
 from pipeline.models.masks import ContextMask, MemoryKeys
 from pipeline.models.registry import register
-from pipeline.models.utterances import utterance_groups
+from pipeline.models.utterances import context_groups, utterance_groups
+
+# How a stack of encoder layers attends: a [B, L, L] mask (or None: no mask) over the
+# padded batch, or token groups over its real tokens (``layers.TokenGroups``).
+EncoderAttention = Tensor | TokenGroups | tuple[TokenGroups, ...] | None
 
 # --------------------------------------------------------------------------- configs
 
 
-class UtteranceAttention(enum.StrEnum):
-    """How the utterance layers attend (same outputs on real tokens; module docstring)."""
+class AttentionLayout(enum.StrEnum):
+    """How the encoder's layers attend (same outputs on real tokens; module docstring)."""
 
     PACKED = "packed"
     MASKED = "masked"
@@ -80,7 +86,7 @@ class HierConfig(AttentionModelConfig):
     n_decoder_layers: int = Field(3, ge=1)
     context_mask: ContextMask = ContextMask.HIER
     memory_keys: MemoryKeys = MemoryKeys.ALL
-    utterance_attention: UtteranceAttention = UtteranceAttention.PACKED
+    attention_layout: AttentionLayout = AttentionLayout.PACKED
     # Size of the multi-hot dialogue-act vector fed to the decoder (HIER++/SET++); None: none.
     n_acts: int | None = Field(None, ge=1)
 
@@ -164,8 +170,8 @@ class HTEncoder(nn.Module):
     """Hierarchical Transformer encoder: ``layers.EncoderLayer``s under UT/CT masks.
 
     ``forward`` takes the masks explicitly (built once per batch by the caller with
-    ``masks``), so the same stack runs any variant; the UT-mask may also be given as the
-    utterances' ``TokenGroups`` (module docstring). Local PE (``utt_pos``) is added to the
+    ``masks``), so the same stack runs any variant; a mask may also be given as the
+    equivalent ``TokenGroups`` (module docstring). Local PE (``utt_pos``) is added to the
     embeddings only when there are utterance layers; global PE (absolute position) before
     the first context layer. With no utterance layers (MAT) it is exactly a plain encoder
     with a special mask, as the paper describes.
@@ -200,34 +206,41 @@ class HTEncoder(nn.Module):
         )
         self.dropout = nn.Dropout(dropout)
 
-    def forward(
-        self, history: History, ut: Tensor | TokenGroups | None, ct_mask: Tensor | None
-    ) -> Tensor:
-        """``[B, L, d_model]`` encodings of ``history``. ``ut`` is the UT-mask ``[B, L, L]``
-        or the utterances' ``TokenGroups`` (then pad positions leave the utterance layers
-        as zeros); ``ct_mask`` ``[B, L, L]``; True = may attend, ``None`` = no mask."""
+    def forward(self, history: History, ut: EncoderAttention, ct: EncoderAttention) -> Tensor:
+        """``[B, L, d_model]`` encodings of ``history``. ``ut``/``ct``: the UT/CT-masks
+        ``[B, L, L]`` (True = may attend; ``None`` = no mask) or their ``TokenGroups``
+        (then pad positions leave the stack as zeros)."""
+        real = history.input_mask
         x = self.embed(history.input_ids)
         if len(self.utterance_layers):
             x = self.dropout(x + self.positions(history.utt_pos))
-            if isinstance(ut, TokenGroups):
-                real = history.input_mask
-                tokens = x[real]
-                for layer in self.utterance_layers:
-                    tokens = layer(tokens, groups=ut)
-                x = x.new_zeros(x.shape).masked_scatter(real.unsqueeze(-1), tokens)
-            else:
-                for layer in self.utterance_layers:
-                    x = layer(x, mask=ut)
-        return self.contextualise(x, ct_mask)
+            x = run_stack(self.utterance_layers, x, ut, real)
+        return self.contextualise(x, ct, real)
 
-    def contextualise(self, x: Tensor, ct_mask: Tensor | None) -> Tensor:
-        """The context stage alone: global PE then the context layers (identity if none)."""
+    def contextualise(self, x: Tensor, ct: EncoderAttention, real: Tensor | None = None) -> Tensor:
+        """The context stage alone: global PE then the context layers (identity if none);
+        ``real`` ``[B, L]`` is needed when ``ct`` is token groups."""
         if not len(self.context_layers):
             return x
         x = self.dropout(x + self.positions.range(x.shape[1], x.device))
-        for layer in self.context_layers:
-            x = layer(x, mask=ct_mask)
+        if real is None:
+            real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        return run_stack(self.context_layers, x, ct, real)
+
+
+def run_stack(
+    layers: nn.ModuleList, x: Tensor, attention: EncoderAttention, real: Tensor
+) -> Tensor:
+    """``layers`` over ``x`` ``[B, L, d]``: masked, or on the real tokens ``real`` ``[B, L]``
+    when ``attention`` is given as token groups (zeros at padding on the way out)."""
+    if attention is None or isinstance(attention, Tensor):
+        for layer in layers:
+            x = layer(x, mask=attention)
         return x
+    tokens = x[real]
+    for layer in layers:
+        tokens = layer(tokens, groups=attention)
+    return x.new_zeros(x.shape).masked_scatter(real.unsqueeze(-1), tokens)
 
 
 # --------------------------------------------------------------------------- models
@@ -283,12 +296,15 @@ class HierTransformer(Seq2SeqModel):
     def encode_history(self, history: History) -> HierMemory:
         """Encoder outputs and the decoder's key mask (no act offset)."""
         c = self.config
-        ut: Tensor | TokenGroups | None = None
-        if c.n_utterance_layers and c.utterance_attention is UtteranceAttention.PACKED:
-            ut = utterance_groups(history)
-        elif c.n_utterance_layers:
-            ut = masks.utterance_mask(history)
-        ct = masks.context_mask(history, c.context_mask) if c.n_context_layers else None
+        packed = c.attention_layout is AttentionLayout.PACKED
+        ut: EncoderAttention = None
+        if c.n_utterance_layers:
+            ut = utterance_groups(history) if packed else masks.utterance_mask(history)
+        ct: EncoderAttention = None
+        if c.n_context_layers and packed and c.context_mask is ContextMask.HIER:
+            ct = context_groups(history)
+        elif c.n_context_layers:
+            ct = masks.context_mask(history, c.context_mask)
         states = self.encoder(history, ut, ct)
         return HierMemory(states, masks.memory_mask(history, c.memory_keys))
 

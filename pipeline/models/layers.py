@@ -13,6 +13,7 @@ projections (so each residual block starts close to the identity).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -71,34 +72,46 @@ class KVCache:
 
 
 @dataclass(frozen=True)
-class TokenGroups:
-    """Attention within groups of a flat, unpadded token list (variable-length attention).
-
-    Tokens are ``[n, d]`` rows with no padding; token ``i`` sits in slot ``slots[i]`` of a
-    ``[n_groups, width]`` grid (group ``slots[i] // width``) and attends only to the tokens of
-    its group. Position-wise work (projections, FFN, norms) then runs on the ``n`` real
-    tokens alone and attention on ``n_groups * width**2`` pairs instead of the ``B * L**2``
-    of a block-diagonal ``[B, L, L]`` mask. ``key_mask`` ``[n_groups, width]`` marks the
-    filled slots. Built per batch, e.g. by ``utterances.utterance_groups``.
-    """
+class TokenGrid:
+    """Where the tokens of a flat list sit on a ``[groups, width]`` grid: token ``i`` in flat
+    slot ``slots[i]``; ``mask`` marks the filled slots."""
 
     slots: Tensor
-    key_mask: Tensor
+    mask: Tensor
 
-    @property
-    def attention_mask(self) -> Tensor:
-        """``[n_groups, 1, 1, width]``: every slot attends to the filled slots of its group."""
-        return padding_mask(self.key_mask)
+    def scatter(self, tokens: Tensor) -> Tensor:
+        """``[n, f]`` -> ``[groups, width, f]``, zero in empty slots."""
+        groups, width = self.mask.shape
+        grid = tokens.new_zeros(groups * width, tokens.shape[-1])
+        return grid.index_copy(0, self.slots, tokens).view(groups, width, tokens.shape[-1])
 
-    def to_grid(self, tokens: Tensor) -> Tensor:
-        """``[n, f]`` -> ``[n_groups, width, f]``, zero in empty slots."""
-        n_groups, width = self.key_mask.shape
-        grid = tokens.new_zeros(n_groups * width, tokens.shape[-1])
-        return grid.index_copy(0, self.slots, tokens).view(n_groups, width, tokens.shape[-1])
-
-    def from_grid(self, grid: Tensor) -> Tensor:
-        """``[n_groups, width, f]`` -> ``[n, f]``: the filled slots, in token order."""
+    def gather(self, grid: Tensor) -> Tensor:
+        """``[groups, width, f]`` -> ``[n, f]``: the filled slots, in token order."""
         return grid.reshape(-1, grid.shape[-1])[self.slots]
+
+
+@dataclass(frozen=True)
+class TokenGroups:
+    """Block-sparse attention over a flat, unpadded token list, as dense attention on grids.
+
+    The tokens ``queries`` (indices into the list; ``None``: all, in order) sit on the
+    ``query_grid``, the tokens ``keys`` on the ``key_grid``; group ``g`` of the queries
+    attends to the filled slots of group ``g`` of the keys. Position-wise work (projections,
+    FFN, norms) runs on the real tokens alone, and attention costs the grids' size instead
+    of the ``B * L**2`` of a ``[B, L, L]`` mask over the padded batch. A layer may take
+    several ``TokenGroups`` whose queries partition the list (``MultiHeadAttention``).
+    Built per batch, e.g. by ``utterances.utterance_groups``.
+    """
+
+    query_grid: TokenGrid
+    key_grid: TokenGrid
+    queries: Tensor | None = None
+    keys: Tensor | None = None
+
+    @classmethod
+    def within(cls, grid: TokenGrid) -> TokenGroups:
+        """Every token of the list attends to the tokens of its own group."""
+        return cls(grid, grid)
 
 
 class MultiHeadAttention(nn.Module):
@@ -154,13 +167,13 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
-        groups: TokenGroups | None = None,
+        groups: TokenGroups | Sequence[TokenGroups] | None = None,
     ) -> Tensor:
         """``query`` ``[B, Lq, d_query]``; ``key_value`` ``[B, Lk, d_kv]`` (None: self-attention).
 
         With a growing ``cache`` the new keys/values are appended to it and ``causal``
         masks relative to the cached prefix. With ``groups``, ``query`` is a flat ``[n,
-        d_query]`` token list and each token attends within its group (self-attention only).
+        d_query]`` token list attending to itself as the groups say (self-attention only).
         """
         if groups is not None:
             return self._grouped(query, groups)
@@ -179,16 +192,24 @@ class MultiHeadAttention(nn.Module):
         b, _, lq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head))
 
-    def _grouped(self, tokens: Tensor, groups: TokenGroups) -> Tensor:
-        """Self-attention of ``[n, d]`` tokens within their groups: only q/k/v visit the grid."""
-        q, k, v = (
-            self._heads(groups.to_grid(proj(tokens)))
-            for proj in (self.q_proj, self.k_proj, self.v_proj)
-        )
-        mask = groups.attention_mask
-        out = attend(q, k, v, mask, False, self.dropout if self.training else 0.0)
-        out = out.transpose(1, 2).flatten(2)
-        return self.out_proj(groups.from_grid(out))
+    def _grouped(self, tokens: Tensor, groups: TokenGroups | Sequence[TokenGroups]) -> Tensor:
+        """Self-attention of ``[n, d]`` tokens by ``groups``: only q/k/v visit the grids."""
+        blocks = [groups] if isinstance(groups, TokenGroups) else list(groups)
+        q_all, k_all, v_all = self.q_proj(tokens), self.k_proj(tokens), self.v_proj(tokens)
+        p = self.dropout if self.training else 0.0
+        out = q_all.new_zeros(q_all.shape)
+        for block in blocks:
+            q = self._heads(block.query_grid.scatter(_take(q_all, block.queries)))
+            k = self._heads(block.key_grid.scatter(_take(k_all, block.keys)))
+            v = self._heads(block.key_grid.scatter(_take(v_all, block.keys)))
+            attended = attend(q, k, v, padding_mask(block.key_grid.mask), False, p)
+            attended = block.query_grid.gather(attended.transpose(1, 2).flatten(2))
+            out = attended if block.queries is None else out.index_copy(0, block.queries, attended)
+        return self.out_proj(out)
+
+
+def _take(tokens: Tensor, index: Tensor | None) -> Tensor:
+    return tokens if index is None else tokens[index]
 
 
 def attend(
@@ -318,9 +339,9 @@ class EncoderLayer(nn.Module):
         mask: Tensor | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
-        groups: TokenGroups | None = None,
+        groups: TokenGroups | Sequence[TokenGroups] | None = None,
     ) -> Tensor:
-        """``x`` ``[B, L, d]``, or ``[n, d]`` tokens attending within ``groups``."""
+        """``x`` ``[B, L, d]``, or ``[n, d]`` tokens attending as ``groups`` say."""
         h = self.attn(x, mask=mask, causal=causal, cache=cache, groups=groups)
         x = self.norm_attn(x + self.dropout(h))
         return self.norm_ffn(x + self.dropout(self.ffn(x)))

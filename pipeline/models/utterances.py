@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from pipeline.data.batch import History
-from pipeline.models.layers import TokenGroups
+from pipeline.models import masks
+from pipeline.models.layers import TokenGrid, TokenGroups
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,63 @@ def utterance_groups(history: History) -> TokenGroups:
     within these groups is exactly the UT-mask's (``masks.utterance_mask``) on the real
     tokens. One host read per batch (the grid size).
     """
+    return TokenGroups.within(_utterance_grid(history)[0])
+
+
+def context_groups(history: History) -> tuple[TokenGroups, TokenGroups]:
+    """The HIER CT-mask (``masks.ContextMask.HIER``) as attention groups of the real tokens.
+
+    A token of an earlier utterance sees its own utterance (the utterance groups, the final
+    utterances' emptied); a token of a row's final utterance sees every real token of its
+    row (one group per row: ``[B, final length]`` queries over ``[B, L]`` keys). Together
+    ``sum(earlier lengths**2) + sum(final length * row length)`` pairs instead of ``B *
+    L**2``. One host read per batch (the grid sizes) besides the boolean indexing.
+    """
+    real = history.input_mask
+    b, length = real.shape
+    grid, final_width = _utterance_grid(history)
+    final = masks.final_utterance(history)[real]
+    earlier = (~final).nonzero().squeeze(-1)
+    last = final.nonzero().squeeze(-1)
+    # Earlier utterances: the utterance grid without the final utterances' tokens.
+    key_mask = grid.mask.flatten().index_fill(0, grid.slots[last], False).view_as(grid.mask)
+    within = TokenGrid(grid.slots[earlier], key_mask)
+    earlier_groups = TokenGroups(within, within, queries=earlier, keys=earlier)
+    # Final utterances: one group per row; queries by utt_pos, keys by position in the row.
+    rows = torch.arange(b, device=real.device)[:, None].expand(b, length)[real]
+    final_rows, final_pos = rows[last], history.utt_pos[real][last]
+    query_mask = torch.zeros(b * final_width, dtype=torch.bool, device=real.device)
+    query_slots = final_rows * final_width + final_pos
+    query_mask[query_slots] = True
+    key_slots = real.flatten().nonzero().squeeze(-1)
+    final_groups = TokenGroups(
+        TokenGrid(query_slots, query_mask.view(b, final_width)),
+        TokenGrid(key_slots, real),
+        queries=last,
+    )
+    return earlier_groups, final_groups
+
+
+def _utterance_grid(history: History) -> tuple[TokenGrid, int]:
+    """The utterance grid of ``history``'s real tokens and the width a grid of its final
+    utterances needs (the longest final utterance)."""
     real = history.input_mask
     utt_index = history.utt_index.masked_fill(~real, -1)
     n_utt = utt_index.amax(dim=1) + 1 if real.shape[1] else real.new_zeros(real.shape[0])
     first = n_utt.cumsum(0) - n_utt
     groups = (first[:, None] + utt_index)[real]
     positions = history.utt_pos[real]
-    max_pos = positions.max() if positions.numel() else positions.new_tensor(0)
-    n_groups, width = (int(v) for v in torch.stack([n_utt.sum(), max_pos + 1]).tolist())
-    key_mask = torch.zeros(n_groups * width, dtype=torch.bool, device=real.device)
+    final_pos = history.utt_pos.masked_fill(~masks.final_utterance(history), 0)
+    zero = positions.new_tensor(0)
+    sizes = torch.stack(
+        [
+            n_utt.sum(),
+            positions.max() + 1 if positions.numel() else zero + 1,
+            final_pos.max() + 1 if final_pos.numel() else zero + 1,
+        ]
+    )
+    n_groups, width, final_width = (int(v) for v in sizes.tolist())
+    mask = torch.zeros(n_groups * width, dtype=torch.bool, device=real.device)
     slots = groups * width + positions
-    key_mask[slots] = True
-    return TokenGroups(slots=slots, key_mask=key_mask.view(n_groups, width))
+    mask[slots] = True
+    return TokenGrid(slots, mask.view(n_groups, width)), final_width

@@ -169,13 +169,16 @@ def test_all_true_masks_equal_a_plain_encoder():
     assert_close(enc(h, ones, ones), x)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "mat"])
-def test_packed_utterance_layers_equal_the_ut_mask(name):
-    """The default (utterance layers on the real tokens, attention per utterance) computes
-    what the paper's masked flat history computes: same states, loss and gradients."""
-    packed = small(name, **oracle(name)).train()
-    masked = small(name, utterance_attention="masked", **oracle(name)).train()
-    assert packed.config.utterance_attention == "packed"
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [(name, {}) for name in NAMES] + [("hier", {"context_mask": "hier_naacl"})],
+)
+def test_packed_layout_equals_the_masks(name, extra):
+    """The default (layers on the real tokens, attention grouped as the UT/CT-masks allow)
+    computes what the paper's masked flat history computes: same states, loss, gradients."""
+    packed = small(name, **oracle(name), **extra).train()
+    masked = small(name, attention_layout="masked", **oracle(name), **extra).train()
+    assert packed.config.attention_layout == "packed"
     masked.load_state_dict(packed.state_dict())
     h, real = BATCH.history, BATCH.history.input_mask
     assert_close(packed.encode_history(h).states[real], masked.encode_history(h).states[real])

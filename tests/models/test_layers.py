@@ -20,6 +20,7 @@ from pipeline.models.layers import (
     SegmentEmbedding,
     SinusoidalPositions,
     TokenEmbedding,
+    TokenGrid,
     TokenGroups,
     attend,
     causal_mask,
@@ -124,9 +125,11 @@ def test_congruent_attention_shares_query_and_key_projection() -> None:
 def _two_groups() -> tuple[TokenGroups, torch.Tensor]:
     """Five tokens in groups {0, 1, 2} and {3, 4} (slots of a 2 x 3 grid) and the
     equivalent ``[1, 5, 5]`` block-diagonal mask over the same tokens as one sequence."""
-    groups = TokenGroups(
-        slots=torch.tensor([0, 1, 2, 3, 4]),
-        key_mask=torch.tensor([[True, True, True], [True, True, False]]),
+    groups = TokenGroups.within(
+        TokenGrid(
+            slots=torch.tensor([0, 1, 2, 3, 4]),
+            mask=torch.tensor([[True, True, True], [True, True, False]]),
+        )
     )
     group = torch.tensor([0, 0, 0, 1, 1])
     return groups, (group[:, None] == group[None, :]).unsqueeze(0)
@@ -142,6 +145,25 @@ def test_grouped_attention_equals_a_block_diagonal_mask() -> None:
     (g_grouped,) = torch.autograd.grad(grouped.square().sum(), x)
     (g_masked,) = torch.autograd.grad(masked.square().sum(), x)
     assert torch.allclose(g_grouped, g_masked, atol=1e-6)
+
+
+def test_blocks_of_queries_attend_their_own_key_sets() -> None:
+    """Tokens 0-2 see each other; tokens 3-4 see all five (the HIER CT-mask's shape)."""
+    earlier = torch.tensor([0, 1, 2])
+    grid = TokenGrid(torch.tensor([0, 1, 2]), torch.ones(1, 3, dtype=torch.bool))
+    blocks = (
+        TokenGroups(grid, grid, queries=earlier, keys=earlier),
+        TokenGroups(
+            TokenGrid(torch.tensor([0, 1]), torch.ones(1, 2, dtype=torch.bool)),
+            TokenGrid(torch.arange(5), torch.ones(1, 5, dtype=torch.bool)),
+            queries=torch.tensor([3, 4]),
+        ),
+    )
+    mask = torch.ones(1, 5, 5, dtype=torch.bool)
+    mask[0, :3, 3:] = False
+    layer = EncoderLayer(8, 2, 16, dropout=0.0)
+    x = torch.randn(5, 8)
+    assert torch.allclose(layer(x, groups=blocks), layer(x[None], mask=mask)[0], atol=1e-6)
 
 
 def test_attention_dropout_is_separate_from_dropout() -> None:

@@ -1,5 +1,5 @@
 """split_utterances: flat history -> [B, U, Lu] grid, exactly and with clear errors;
-utterance_groups: the utterances as attention groups of the real tokens."""
+utterance_groups/context_groups: the UT/CT-masks as attention groups of the real tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID, SPEAKER_OTHER
 from pipeline.models import masks
-from pipeline.models.utterances import split_utterances, utterance_groups
+from pipeline.models.layers import TokenGroups
+from pipeline.models.utterances import context_groups, split_utterances, utterance_groups
 from tests.batches import make_history, random_generate_batch
 
 
@@ -65,51 +66,73 @@ def test_rejects_gaps_and_clashes_and_allows_empty_rows() -> None:
     assert not split_utterances(empty).utt_mask.any()
 
 
+def allowed_pairs(blocks: tuple[TokenGroups, ...], n: int) -> torch.Tensor:
+    """``[n, n]``: which (query, key) token pairs the groups let attend."""
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    everyone = torch.arange(n)
+    for block in blocks:
+        queries = everyone if block.queries is None else block.queries
+        keys = everyone if block.keys is None else block.keys
+        q_group = block.query_grid.slots // block.query_grid.mask.shape[1]
+        k_group = block.key_grid.slots // block.key_grid.mask.shape[1]
+        allowed[queries[:, None], keys[None, :]] = q_group[:, None] == k_group[None, :]
+    return allowed
+
+
+def real_pairs(mask: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """A ``[B, L, L]`` mask restricted to real tokens, as one ``[n, n]`` block diagonal."""
+    blocks = [mask[b][real[b]][:, real[b]].float() for b in range(real.shape[0])]
+    return torch.block_diag(*blocks).bool()
+
+
 def test_groups_by_hand() -> None:
     history = make_history(
         [[[BOS_ID, 7, EOS_ID], [BOS_ID, 8, 9, EOS_ID]], [[BOS_ID, 5, EOS_ID]]],
         [[2, 1], [2]],
     )
     groups = utterance_groups(history)
+    grid = groups.query_grid
+    assert groups.key_grid is grid and groups.queries is None and groups.keys is None
     # Three utterances, the longest 4 tokens: a 3 x 4 grid, filled in token order.
-    assert groups.key_mask.tolist() == [
+    assert grid.mask.tolist() == [
         [True, True, True, False],
         [True, True, True, True],
         [True, True, True, False],
     ]
-    assert groups.slots.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10]
+    assert grid.slots.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10]
     tokens = history.input_ids[history.input_mask].unsqueeze(-1)
-    assert groups.to_grid(tokens).squeeze(-1).tolist() == [
+    assert grid.scatter(tokens).squeeze(-1).tolist() == [
         [BOS_ID, 7, EOS_ID, 0],
         [BOS_ID, 8, 9, EOS_ID],
         [BOS_ID, 5, EOS_ID, 0],
     ]
-    assert torch.equal(groups.from_grid(groups.to_grid(tokens)), tokens)
+    assert torch.equal(grid.gather(grid.scatter(tokens)), tokens)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_groups_are_the_ut_mask_on_real_tokens(seed: int) -> None:
+def test_groups_are_the_masks_on_real_tokens(seed: int) -> None:
     h = random_generate_batch(5, 40, max_utterances=5, seed=seed).history
-    groups = utterance_groups(h)
-    real = h.input_mask
-    width = groups.key_mask.shape[1]
-    group = groups.slots // width
-    same_group = group[:, None] == group[None, :]
-    ut = masks.utterance_mask(h)
-    # The UT-mask restricted to real tokens (rows and columns in token order).
-    n_real = real.sum(1).tolist()
-    blocks = [ut[b][real[b]][:, real[b]] for b in range(5)]
-    expected = torch.block_diag(*[blk.float() for blk in blocks]).bool()
-    assert sum(n_real) == len(groups.slots)
-    assert torch.equal(same_group, expected)
+    n = int(h.input_mask.sum())
+    ut = allowed_pairs((utterance_groups(h),), n)
+    assert torch.equal(ut, real_pairs(masks.utterance_mask(h), h.input_mask))
+    ct = allowed_pairs(context_groups(h), n)
+    assert torch.equal(ct, real_pairs(masks.context_mask(h, "hier"), h.input_mask))
+    # The two blocks of the CT groups split the tokens: every token is a query once.
+    earlier, final = context_groups(h)
+    queries = torch.cat([earlier.queries, final.queries]).sort().values
+    assert torch.equal(queries, torch.arange(n))
 
 
 def test_groups_of_empty_rows_and_numbering_gaps() -> None:
     h = make_history([[[BOS_ID, 7, EOS_ID], [BOS_ID, 8, EOS_ID]]], [[2, 1]])
     gap = dataclasses.replace(h, utt_index=torch.where(h.utt_index == 1, 2, h.utt_index))
-    groups = utterance_groups(gap)
+    grid = utterance_groups(gap).query_grid
     # Utterance 1 is missing: its group stays empty, the others keep their tokens apart.
-    assert groups.key_mask.sum(1).tolist() == [3, 0, 3]
+    assert grid.mask.sum(1).tolist() == [3, 0, 3]
+    assert torch.equal(
+        allowed_pairs(context_groups(gap), 6), real_pairs(masks.context_mask(gap), gap.input_mask)
+    )
     empty = dataclasses.replace(h, input_ids=h.input_ids * 0, input_mask=h.input_mask & False)
-    groups = utterance_groups(empty)
-    assert groups.slots.numel() == 0 and groups.key_mask.shape[0] == 0
+    assert utterance_groups(empty).query_grid.slots.numel() == 0
+    earlier, final = context_groups(empty)
+    assert earlier.queries.numel() == final.queries.numel() == 0
