@@ -13,30 +13,31 @@ Conventions shared by all batches:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Self
 
 import torch
 from torch import Tensor
 
 
 class _TensorBatch:
-    """Moves every tensor field of a dataclass batch in one call."""
+    """Moves or pins every tensor of a dataclass batch, nested batches included, in one call."""
 
-    def to(self, device: torch.device | str, non_blocking: bool = False):
-        moved = {
-            f.name: (v.to(device, non_blocking=non_blocking) if isinstance(v, Tensor) else v)
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> Self:
+        mapped = {
+            f.name: (v._map(fn) if isinstance(v, _TensorBatch) else fn(v))
             for f in dataclasses.fields(self)  # type: ignore[arg-type]
             for v in [getattr(self, f.name)]
+            if isinstance(v, Tensor | _TensorBatch)
         }
-        return dataclasses.replace(self, **moved)  # type: ignore[type-var]
+        return dataclasses.replace(self, **mapped)  # type: ignore[type-var]
 
-    def pin_memory(self):
-        pinned = {
-            f.name: (v.pin_memory() if isinstance(v, Tensor) else v)
-            for f in dataclasses.fields(self)  # type: ignore[arg-type]
-            for v in [getattr(self, f.name)]
-        }
-        return dataclasses.replace(self, **pinned)  # type: ignore[type-var]
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Self:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Self:
+        return self._map(Tensor.pin_memory)
 
     @property
     def batch_size(self) -> int:
@@ -74,10 +75,6 @@ class GenerateBatch(_TensorBatch):
     belief_ids: Tensor | None = None
     act_ids: Tensor | None = None
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> GenerateBatch:
-        moved = super().to(device, non_blocking)
-        return dataclasses.replace(moved, history=self.history.to(device, non_blocking))
-
     @property
     def batch_size(self) -> int:
         return int(self.target_ids.shape[0])
@@ -100,10 +97,6 @@ class SelectBatch(_TensorBatch):
     dialogue_id: tuple[str, ...]
     context_knowledge: Tensor | None = None
     candidate_knowledge: Tensor | None = None
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> SelectBatch:
-        moved = super().to(device, non_blocking)
-        return dataclasses.replace(moved, history=self.history.to(device, non_blocking))
 
     @property
     def batch_size(self) -> int:
