@@ -240,7 +240,7 @@ def run_stack(
     tokens = x[real]
     for layer in layers:
         tokens = layer(tokens, groups=attention)
-    return x.new_zeros(x.shape).masked_scatter(real.unsqueeze(-1), tokens)
+    return x.new_zeros(x.shape).masked_scatter_(real.unsqueeze(-1), tokens)
 
 
 # --------------------------------------------------------------------------- models

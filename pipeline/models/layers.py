@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor, nn
@@ -83,11 +84,20 @@ class TokenGrid:
         """``[n, f]`` -> ``[groups, width, f]``, zero in empty slots."""
         groups, width = self.mask.shape
         grid = tokens.new_zeros(groups * width, tokens.shape[-1])
-        return grid.index_copy(0, self.slots, tokens).view(groups, width, tokens.shape[-1])
+        # In place on a fresh tensor: the out-of-place op would copy the whole grid once more.
+        return grid.index_copy_(0, self.slots, tokens).view(groups, width, tokens.shape[-1])
 
     def gather(self, grid: Tensor) -> Tensor:
         """``[groups, width, f]`` -> ``[n, f]``: the filled slots, in token order."""
         return grid.reshape(-1, grid.shape[-1])[self.slots]
+
+    @cached_property
+    def key_mask(self) -> Tensor:
+        """``[groups, 1, 1, width]`` attention mask over this grid as keys. A group with no
+        token lets its (query-free) slots see its empty first slot, whose zero key and value
+        give a zero output: no row is fully masked, so attention needs no NaN fix-up."""
+        empty = ~self.mask.any(-1)
+        return padding_mask(self.mask | F.pad(empty[:, None], (0, self.mask.shape[1] - 1)))
 
 
 @dataclass(frozen=True)
@@ -193,18 +203,35 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(b, lq, self.n_heads * self.d_head))
 
     def _grouped(self, tokens: Tensor, groups: TokenGroups | Sequence[TokenGroups]) -> Tensor:
-        """Self-attention of ``[n, d]`` tokens by ``groups``: only q/k/v visit the grids."""
+        """Self-attention of ``[n, d]`` tokens by ``groups``: only q/k/v visit the grids.
+
+        The three projections run as one matmul and each grid is filled once for q, k and v
+        together (scatters, not the matmuls, dominate at utterance sizes).
+        """
         blocks = [groups] if isinstance(groups, TokenGroups) else list(groups)
-        q_all, k_all, v_all = self.q_proj(tokens), self.k_proj(tokens), self.v_proj(tokens)
+        inner = self.n_heads * self.d_head
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        biases = [proj.bias for proj in projections]
+        qkv = F.linear(
+            tokens,
+            torch.cat([proj.weight for proj in projections]),
+            None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
+        )
         p = self.dropout if self.training else 0.0
-        out = q_all.new_zeros(q_all.shape)
+        whole = len(blocks) == 1 and blocks[0].queries is None
+        out = None if whole else qkv.new_zeros(qkv.shape[0], inner)
         for block in blocks:
-            q = self._heads(block.query_grid.scatter(_take(q_all, block.queries)))
-            k = self._heads(block.key_grid.scatter(_take(k_all, block.keys)))
-            v = self._heads(block.key_grid.scatter(_take(v_all, block.keys)))
-            attended = attend(q, k, v, padding_mask(block.key_grid.mask), False, p)
+            if block.query_grid is block.key_grid and block.queries is block.keys:
+                q, k, v = block.query_grid.scatter(_take(qkv, block.queries)).split(inner, -1)
+            else:
+                q = block.query_grid.scatter(_take(qkv[:, :inner], block.queries))
+                k, v = block.key_grid.scatter(_take(qkv[:, inner:], block.keys)).split(inner, -1)
+            q, k, v = self._heads(q), self._heads(k), self._heads(v)
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=block.key_grid.key_mask, dropout_p=p
+            )
             attended = block.query_grid.gather(attended.transpose(1, 2).flatten(2))
-            out = attended if block.queries is None else out.index_copy(0, block.queries, attended)
+            out = attended if out is None else out.index_copy_(0, block.queries, attended)
         return self.out_proj(out)
 
 
