@@ -223,13 +223,11 @@ class HTEncoder(nn.Module):
         if not len(self.context_layers):
             return x
         x = self.dropout(x + self.positions.range(x.shape[1], x.device))
-        if real is None:
-            real = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
         return run_stack(self.context_layers, x, ct, real)
 
 
 def run_stack(
-    layers: nn.ModuleList, x: Tensor, attention: EncoderAttention, real: Tensor
+    layers: nn.ModuleList, x: Tensor, attention: EncoderAttention, real: Tensor | None
 ) -> Tensor:
     """``layers`` over ``x`` ``[B, L, d]``: masked, or on the real tokens ``real`` ``[B, L]``
     when ``attention`` is given as token groups (zeros at padding on the way out)."""
@@ -237,6 +235,8 @@ def run_stack(
         for layer in layers:
             x = layer(x, mask=attention)
         return x
+    if real is None:
+        raise ValueError("token-group attention needs the real-token mask `real`")
     tokens = x[real]
     for layer in layers:
         tokens = layer(tokens, groups=attention)
