@@ -93,8 +93,9 @@ def context_groups(history: History) -> tuple[TokenGroups, TokenGroups]:
     """
     real = history.input_mask
     b, length = real.shape
-    grid, final_width = _utterance_grid(history)
-    final = masks.final_utterance(history)[real]
+    final_tokens = masks.final_utterance(history)
+    grid, final_width = _utterance_grid(history, final_tokens)
+    final = final_tokens[real]
     earlier = (~final).nonzero().squeeze(-1)
     last = final.nonzero().squeeze(-1)
     # Earlier utterances: the utterance grid without the final utterances' tokens.
@@ -102,12 +103,11 @@ def context_groups(history: History) -> tuple[TokenGroups, TokenGroups]:
     within = TokenGrid(grid.slots[earlier], key_mask)
     earlier_groups = TokenGroups(within, within, queries=earlier, keys=earlier)
     # Final utterances: one group per row; queries by utt_pos, keys by position in the row.
-    rows = torch.arange(b, device=real.device)[:, None].expand(b, length)[real]
-    final_rows, final_pos = rows[last], history.utt_pos[real][last]
+    key_slots = real.flatten().nonzero().squeeze(-1)  # b * L + position, in token order
+    final_rows, final_pos = key_slots[last] // length, history.utt_pos[real][last]
     query_mask = torch.zeros(b * final_width, dtype=torch.bool, device=real.device)
     query_slots = final_rows * final_width + final_pos
     query_mask[query_slots] = True
-    key_slots = real.flatten().nonzero().squeeze(-1)
     final_groups = TokenGroups(
         TokenGrid(query_slots, query_mask.view(b, final_width)),
         TokenGrid(key_slots, real),
@@ -116,22 +116,23 @@ def context_groups(history: History) -> tuple[TokenGroups, TokenGroups]:
     return earlier_groups, final_groups
 
 
-def _utterance_grid(history: History) -> tuple[TokenGrid, int]:
-    """The utterance grid of ``history``'s real tokens and the width a grid of its final
-    utterances needs (the longest final utterance)."""
+def _utterance_grid(history: History, final: Tensor | None = None) -> tuple[TokenGrid, int]:
+    """The utterance grid of ``history``'s real tokens and, given the final utterances'
+    tokens ``final`` ``[B, L]``, the width a grid of them needs (else 1); the sizes come
+    back in one host read."""
     real = history.input_mask
     utt_index = history.utt_index.masked_fill(~real, -1)
     n_utt = utt_index.amax(dim=1) + 1 if real.shape[1] else real.new_zeros(real.shape[0])
     first = n_utt.cumsum(0) - n_utt
     groups = (first[:, None] + utt_index)[real]
     positions = history.utt_pos[real]
-    final_pos = history.utt_pos.masked_fill(~masks.final_utterance(history), 0)
-    zero = positions.new_tensor(0)
+    one = positions.new_tensor(1)
+    final_pos = None if final is None else history.utt_pos.masked_fill(~final, 0)
     sizes = torch.stack(
         [
             n_utt.sum(),
-            positions.max() + 1 if positions.numel() else zero + 1,
-            final_pos.max() + 1 if final_pos.numel() else zero + 1,
+            positions.max() + 1 if positions.numel() else one,
+            final_pos.max() + 1 if final_pos is not None and final_pos.numel() else one,
         ]
     )
     n_groups, width, final_width = (int(v) for v in sizes.tolist())
