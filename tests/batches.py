@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -31,8 +32,24 @@ REPO = Path(__file__).resolve().parents[1]
 _WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
 
 
+@cache
 def shared_data_dir() -> Path:
-    return Path(os.environ.get("HIERTX_TEST_DATA", REPO.parent / "shared" / "data"))
+    """The real corpora mirror: ``$HIERTX_TEST_DATA``, else ``shared/data`` beside this
+    checkout or, for a clone of a local repository (a fresh CI clone), beside its origin.
+    Without a mirror, the first candidate (for the error message)."""
+    if "HIERTX_TEST_DATA" in os.environ:
+        return Path(os.environ["HIERTX_TEST_DATA"])
+    candidates = [REPO.parent / "shared" / "data"]
+    origin = subprocess.run(
+        ["git", "-C", str(REPO), "config", "--get", "remote.origin.url"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if origin and Path(origin).is_dir():
+        candidates.append(Path(origin).resolve().parent / "shared" / "data")
+    found = [path for path in candidates if (path / "MANIFEST.tsv").is_file()]
+    return (found or candidates)[0]
 
 
 def _pad(rows: list[list[int]], length: int | None = None) -> tuple[Tensor, Tensor]:
