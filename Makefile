@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# DVC runs each stage's `python -m stages.<name>` with the first `python` on PATH: the
+# targets below put the venv first, so they work from a shell where it is not activated.
+IN_VENV := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
@@ -19,13 +22,13 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 repro: setup  ## the main job: dvc repro on the embedded chitchat corpus
-	$(BIN)/dvc repro
+	$(IN_VENV) $(BIN)/dvc repro
 
 test: setup  ## the whole test suite (slow tests included)
-	$(BIN)/python -m pytest -q
+	$(IN_VENV) $(BIN)/python -m pytest -q
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 bench: setup  ## training throughput against BART and torch.nn.Transformer (bench/RESULTS.md)
-	$(BIN)/python -m bench.bench_train
+	$(IN_VENV) $(BIN)/python -m bench.bench_train

@@ -1,4 +1,4 @@
-"""``python -m pipeline``: the ``chat`` and ``rank`` commands (``pipeline.cli``)."""
+"""``python -m pipeline``: the ``chat``, ``rank`` and ``sync-mlflow`` commands (``cli``)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,40 @@
 """Talk to a trained model: ``python -m pipeline chat`` and ``python -m pipeline rank``.
 
-    python -m pipeline chat --run <model>-<corpus> [--beam 5 | --top-p 0.9] [--local]
+    python -m pipeline chat --run <model>-<corpus> [--beam 5 | --top-p 0.9 | --top-k 20] [--local]
     python -m pipeline chat --model-uri models:/hiertx-<model>-<corpus>/<version>
     python -m pipeline rank --run <key> --context "a|b|c" --candidates "x|y|z"
     python -m pipeline rank --run <key> --input file.json   # {"context": [..], "candidates": [..]}
+    python -m pipeline sync-mlflow [--to URI]   # fallback runs -> the server (tracking_sync)
 
 A run's model is the pyfunc registered in MLflow (the version its train manifest names),
 or its local checkpoint when MLflow has none (or with ``--local``). ``chat`` reads user
 lines from stdin, keeps the dialogue history and prints one response per line (greedy by
-default); ``/reset`` starts a new dialogue. ``rank`` prints the candidates best first.
+default); ``/reset`` starts a new dialogue. A response that is empty (the model ended it
+at once) prints as ``(empty reply)``. Sampling (``--top-p``/``--top-k``) draws each turn's
+seed from one generator seeded once with ``--seed``: every turn samples afresh, and the same
+``--seed`` and inputs repeat the whole conversation. ``rank`` prints the candidates best
+first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from pipeline import tracking_sync
 from pipeline.errors import ConfigError, DataError, HiertxError
 
 MANIFEST_FILE = "manifest.json"
 RESET = "/reset"
+EMPTY_REPLY = "(empty reply)"  # what chat prints for a response with no tokens
+SAMPLING = ("nucleus", "top_k")
 
 
 def available_runs(root: Path) -> list[str]:
@@ -86,6 +96,7 @@ def _mlflow_model(uri: str, tracking_uri: str | None = None) -> Any:
     tracking.configure_env()
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
+        tracking_sync.follow_move(tracking_uri)  # a moved project's store: models beside it
     try:
         return mlflow.pyfunc.load_model(uri).unwrap_python_model()
     except Exception as err:  # mlflow raises many types for a missing model or store
@@ -103,7 +114,9 @@ def load(args: argparse.Namespace) -> Any:
     info = manifest.get("mlflow") or {}
     if not args.local and info.get("registered_model") and info.get("model_version"):
         uri = f"models:/{info['registered_model']}/{info['model_version']}"
-        return _mlflow_model(uri, info.get("tracking_uri"))
+        from pipeline import tracking
+
+        return _mlflow_model(uri, tracking.resolve_uri(info.get("tracking_uri") or "", root))
     return _local_model(root, manifest, Path(args.params))
 
 
@@ -112,13 +125,28 @@ def _task(model: Any) -> str:
 
 
 def decode_params(args: argparse.Namespace) -> dict[str, Any]:
-    if args.beam and args.top_p is not None:
-        raise ConfigError("--beam", "choose beam search or nucleus sampling, not both")
+    """The decoding ``chat`` asks for (greedy by default); a sampled turn adds its seed."""
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise ConfigError("--top-p", f"must be in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        raise ConfigError("--top-k", f"must be >= 0 (0 = off), got {args.top_k}")
+    if args.beam and (args.top_p is not None or args.top_k):
+        raise ConfigError("--beam", "choose beam search or sampling (--top-p/--top-k), not both")
     if args.beam:
         return {"strategy": "beam", "beam_size": args.beam}
-    if args.top_p is not None:
-        return {"strategy": "nucleus", "top_p": args.top_p, "seed": args.seed}
+    if args.top_p is not None:  # with --top-k too: the k best, then the nucleus of those
+        return {"strategy": "nucleus", "top_p": args.top_p, "top_k": args.top_k}
+    if args.top_k:
+        return {"strategy": "top_k", "top_k": args.top_k}
     return {}
+
+
+def turn_seeds(seed: int) -> Iterator[int]:
+    """The sampling seed of each turn, drawn from one generator seeded once with ``seed``:
+    turns differ, and the same ``seed`` gives the same sequence."""
+    rng = random.Random(seed)
+    while True:
+        yield rng.getrandbits(63)  # a non-negative int64, as torch.Generator takes
 
 
 def chat(args: argparse.Namespace) -> int:
@@ -131,6 +159,7 @@ def chat(args: argparse.Namespace) -> int:
             "(use `python -m pipeline rank` for select models)",
         )
     history: list[str] = []
+    seeds = turn_seeds(args.seed)
     interactive = sys.stdin.isatty()
     while True:
         if interactive:
@@ -145,9 +174,10 @@ def chat(args: argparse.Namespace) -> int:
             history = []
             continue
         history.append(line)
-        response = model.predict(None, [{"history": history}], params)[0]
+        turn = {**params, "seed": next(seeds)} if params.get("strategy") in SAMPLING else params
+        response = model.predict(None, [{"history": history}], turn)[0]
         history.append(response)
-        print(response, flush=True)
+        print(response if response.strip() else EMPTY_REPLY, flush=True)
 
 
 def _split(value: str) -> list[str]:
@@ -198,17 +228,23 @@ def parser() -> argparse.ArgumentParser:
     chat_args = commands.choices["chat"]
     chat_args.add_argument("--beam", type=int, default=0, help="beam search of this width")
     chat_args.add_argument("--top-p", type=float, default=None, help="nucleus sampling")
-    chat_args.add_argument("--seed", type=int, default=0, help="sampling seed")
+    chat_args.add_argument("--top-k", type=int, default=0, help="top-k sampling (0 = off)")
+    chat_args.add_argument(
+        "--seed", type=int, default=0, help="seeds the sampling of the whole conversation"
+    )
     rank_args = commands.choices["rank"]
     rank_args.add_argument("--context", default="", help='utterances, oldest first: "a|b|c"')
     rank_args.add_argument("--candidates", default="", help='"x|y|z"')
     rank_args.add_argument("--input", help='JSON file {"context": [..], "candidates": [..]}')
+    tracking_sync.add_parser(commands)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if args.command == tracking_sync.COMMAND:
+            return tracking_sync.run_command(args)
         return chat(args) if args.command == "chat" else rank(args)
     except HiertxError as err:
         print(f"{args.command}: {err}", file=sys.stderr)

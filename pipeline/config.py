@@ -1,7 +1,9 @@
 """Typed, validated parameters: ``params.yaml`` -> frozen pydantic models, one per stage.
 
 Every model forbids unknown keys, so a typo fails before any work, and errors name the
-dotted key (``tokenize.generate.max_history: Input should be greater than 0``).
+dotted key (``tokenize.generate.max_history: Input should be greater than 0``). Names and
+cross-references (models, corpora, config fields) are checked by ``pipeline.params_check``,
+which ``parse_params`` runs too.
 """
 
 from __future__ import annotations
@@ -195,6 +197,12 @@ class RunParams(Section):
     )
     eval_every: int | None = Field(
         default=None, gt=0, description="also evaluate every N steps (always at epoch end)"
+    )
+    max_eval_batches: int | None = Field(
+        default=None,
+        gt=0,
+        description="validation batches per evaluation (the first N of the valid split); "
+        "null = max_batches_per_epoch, or the whole split",
     )
     patience: int | None = Field(
         default=5, gt=0, description="evaluations without improvement before stopping"
@@ -544,18 +552,25 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 
 
 def parse_params(raw: dict[str, Any]) -> Params:
-    """Validate a params mapping; a ``ConfigError`` names the first bad key and why."""
+    """Validate a params mapping, names and cross-references included
+    (``pipeline.params_check``); a ``ConfigError`` names the first bad key and why."""
+    from pipeline.params_check import check_params, unknown_key_reason
+
     try:
-        return Params.model_validate(raw)
+        params = Params.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
         key, reason = _dotted(first["loc"]), first["msg"]
+        if first["type"] == "extra_forbidden":
+            reason = unknown_key_reason(first["loc"]) or reason
         # cross-field validators raise ValueError("field: reason"): name the field too
         field, sep, rest = reason.removeprefix("Value error, ").partition(": ")
         if sep and re.fullmatch(r"[A-Za-z_][\w.-]*", field):
             key = field if key == "params" else f"{key}.{field}"
             reason = rest
         raise ConfigError(key, reason) from None
+    check_params(params)
+    return params
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:

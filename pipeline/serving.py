@@ -6,11 +6,14 @@
   per candidate (higher = better);
 - ``lm`` models take a document (a list of sentence strings) and return its perplexity.
 
-Input: a pandas DataFrame (or a list of dicts) with columns ``history`` (+ ``candidates``)
-or ``document``. The pyfunc carries no pickled torch model: its artifacts are the final
-checkpoint (loaded with ``weights_only=True``), the vocabulary and a small spec; the model
-is rebuilt through the registry from the config stored in the checkpoint. The ``pipeline``
-package travels with the model (``code_paths``) so it loads where hiertx is not installed.
+Input: a pandas DataFrame or a list of dicts (one per row) with columns ``history`` (+
+``candidates``) or ``document``. The logged model carries this as its signature (per task,
+with the decoding params of ``generate`` models and their defaults) and an input example,
+which the MLflow UI shows and ``mlflow models serve`` checks requests against. The pyfunc
+carries no pickled torch model: its artifacts are the final checkpoint (loaded with
+``weights_only=True``), the vocabulary and a small spec; the model is rebuilt through the
+registry from the config stored in the checkpoint. The ``pipeline`` package travels with the
+model (``code_paths``) so it loads where hiertx is not installed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+import pandas as pd
 import torch
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
@@ -201,8 +205,13 @@ class HiertxModel(mlflow.pyfunc.PythonModel):
         self.vocab = Vocab.load(vocab)
         self.spec = ServingSpec(**json.loads(Path(spec).read_text()))
 
-    # No type hints on purpose: MLflow reads predict()'s hints as an input schema.
-    def predict(self, context, model_input, params=None):
+    # A DataFrame hint is one MLflow accepts without inferring a schema from it (the
+    # signature logged with the model is the schema); no hint at all makes MLflow warn, on
+    # every import, that predict() should have one.
+    def predict(
+        self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """Answers, one per row of ``model_input`` (see the module docstring)."""
         records = _records(model_input)
         if not records:
             return []
@@ -236,6 +245,68 @@ class HiertxModel(mlflow.pyfunc.PythonModel):
             self.vocab.decode(row[:n].tolist())
             for row, n in zip(out.tokens, out.lengths, strict=True)
         ]
+
+
+EXAMPLE_HISTORY = ["hi , how are you ?", "fine thanks , and you ?"]
+
+
+def _param_spec(name: str, default: Any) -> Any:
+    """A ``DecodeConfig`` field as an MLflow param (its type and default)."""
+    from enum import Enum
+
+    from mlflow.types import DataType, ParamSpec
+
+    if isinstance(default, bool):
+        kind = DataType.boolean
+    elif isinstance(default, int):
+        kind = DataType.long
+    elif isinstance(default, float):
+        kind = DataType.double
+    else:
+        kind, default = DataType.string, default.value if isinstance(default, Enum) else default
+    return ParamSpec(name, kind, default)
+
+
+def model_signature(spec: ServingSpec) -> Any:
+    """What the model takes and returns, per task; ``generate`` models also take every
+    ``DecodeConfig`` field as a param (``max_length`` defaults to the corpus'
+    ``max_response``)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, DataType, ParamSchema, Schema
+    from mlflow.types.schema import Array
+
+    from pipeline.decode import DecodeConfig
+
+    texts = Array(DataType.string)
+    task = TaskKind(spec.task)
+    if task == TaskKind.GENERATE:
+        defaults = {"max_length": spec.max_response}
+        params = ParamSchema(
+            [
+                _param_spec(name, defaults.get(name, field.default))
+                for name, field in DecodeConfig.model_fields.items()
+            ]
+        )
+        return ModelSignature(
+            Schema([ColSpec(texts, "history")]), Schema([ColSpec(DataType.string)]), params
+        )
+    if task == TaskKind.SELECT:
+        return ModelSignature(
+            Schema([ColSpec(texts, "history"), ColSpec(texts, "candidates")]),
+            Schema([ColSpec(Array(DataType.double))]),
+        )
+    return ModelSignature(Schema([ColSpec(texts, "document")]), Schema([ColSpec(DataType.double)]))
+
+
+def input_example(spec: ServingSpec) -> pd.DataFrame:
+    """One request of the model's task (shown on the model's page in MLflow)."""
+    task = TaskKind(spec.task)
+    if task == TaskKind.GENERATE:
+        return pd.DataFrame({"history": [EXAMPLE_HISTORY]})
+    if task == TaskKind.SELECT:
+        candidates = ["i am fine too", "the train leaves at five"]
+        return pd.DataFrame({"history": [EXAMPLE_HISTORY], "candidates": [candidates]})
+    return pd.DataFrame({"document": [EXAMPLE_HISTORY]})
 
 
 def pip_requirements() -> list[str]:
@@ -280,6 +351,8 @@ def log_pyfunc(
                     },
                     code_paths=[str(PACKAGE_DIR)],
                     pip_requirements=pip_requirements(),
+                    signature=model_signature(spec),
+                    input_example=input_example(spec),
                     registered_model_name=registered_name,
                 )
         version = info.registered_model_version

@@ -3,6 +3,11 @@ model registry.
 
 - Where: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<project>/mlflow.db`` (artifacts beside
   it in ``mlartifacts/``). One experiment per task and corpus: ``hiertx/<task>/<corpus>``.
+  A relative sqlite URI (``sqlite:///mlflow.db``) means the project's folder, whatever the
+  working directory: the workspace for a DVC experiment run in a temporary copy
+  (``dvc exp run --temp``, queued experiments), so its runs outlive the copy. Manifests
+  record local stores relative (:func:`portable_uri`); readers :func:`resolve_uri` them, so
+  a copied or moved project uses its own store.
 - What: a run per training (Tune trials: child runs of one parent run), flattened params,
   git commit, the dvc.lock hashes of the inputs, system info, metrics, the vocabulary,
   the final checkpoint, sample generations, and the final model as a pyfunc registered as
@@ -11,7 +16,13 @@ model registry.
   the :class:`Tracker` warns once and continues in a local fallback store
   (``<project>/runs/mlflow-fallback``), replaying everything it had logged, so nothing is
   lost. A fallback run carries the tag ``hiertx.origin_run_id``; every process that falls
-  back (driver, rank-0 worker) finds and shares the same fallback run.
+  back (driver, rank-0 worker) finds and shares the same fallback run. When the run ends,
+  the run it stands in for is marked FAILED (if the server answers again) and tagged with
+  the fallback run's id; ``python -m pipeline sync-mlflow`` copies fallback runs to the
+  server (``pipeline.tracking_sync``).
+- Re-runs: a run is found again by its run key tag (:meth:`Tracker.start` ``resume_key``),
+  so a training resumed from its checkpoint (even a finished one) goes on in the run that
+  holds its history instead of starting an empty one.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 import yaml
@@ -44,6 +55,15 @@ TAG_TASK = "hiertx.task"
 TAG_STAGE = "hiertx.stage"
 TAG_GIT = "hiertx.git_commit"
 TAG_INPUT = "hiertx.input"  # + ".<path>": the dvc.lock md5 of an input
+TAG_TRIAL = "hiertx.trial_id"  # on a Tune trial's child run
+TAG_FALLBACK_RUN = "hiertx.fallback_run_id"  # on a server run: where it went on (its twin)
+TAG_CHANGED_PARAM = "hiertx.changed_param"  # + ".<key>": a resumed run's new value of a param
+
+SQLITE = "sqlite:///"
+DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for stage commands: the workspace, even in a temp copy
+DVC_EXPS_TMP = Path(".dvc") / "tmp" / "exps"  # where DVC runs experiments in temporary copies
+
+Reuse = Literal["unfinished", "any", "never"]
 
 
 class TrackingUnavailable(RuntimeWarning):
@@ -59,17 +79,60 @@ def configure_env() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 
+def project_root(root: str | Path) -> Path:
+    """The project whose MLflow store ``root`` uses: ``root`` itself, or the workspace when
+    ``root`` is a temporary copy DVC runs an experiment in (``<workspace>/.dvc/tmp/exps/
+    <tmp>/``, deleted afterwards). DVC exports the workspace as ``$DVC_ROOT`` to the stage
+    commands of such a copy (``dvc/repo/experiments/queue/base.py``); the folder layout
+    finds it when a stage script is run by hand inside the copy."""
+    here = Path(root).resolve()
+    workspace = os.environ.get(DVC_ROOT_ENV)
+    if workspace and here.is_relative_to(Path(workspace).resolve() / DVC_EXPS_TMP):
+        return Path(workspace).resolve()
+    parts = here.parts
+    for i in range(len(parts) - len(DVC_EXPS_TMP.parts)):
+        if parts[i + 1 : i + 1 + len(DVC_EXPS_TMP.parts)] == DVC_EXPS_TMP.parts:
+            return Path(*parts[: i + 1])
+    return here
+
+
 def tracking_uri(root: str | Path) -> str:
-    """``$MLFLOW_TRACKING_URI`` or the project's local sqlite store."""
-    return os.environ.get(TRACKING_URI_ENV) or sqlite_uri(Path(root) / "mlflow.db")
+    """``$MLFLOW_TRACKING_URI`` or the project's local sqlite store (absolute: ready to use)."""
+    return resolve_uri(os.environ.get(TRACKING_URI_ENV) or f"{SQLITE}mlflow.db", root)
 
 
 def fallback_uri(root: str | Path) -> str:
-    return sqlite_uri(Path(root) / FALLBACK_DIR / "mlflow.db")
+    return sqlite_uri(project_root(root) / FALLBACK_DIR / "mlflow.db")
 
 
 def sqlite_uri(path: Path) -> str:
-    return f"sqlite:///{path.resolve()}"
+    return f"{SQLITE}{path.resolve()}"
+
+
+def resolve_uri(uri: str, root: str | Path) -> str:
+    """``uri`` usable from any working directory: a relative sqlite path is taken from the
+    project root (:func:`project_root`); other URIs are returned as they are."""
+    if not uri.startswith(SQLITE):
+        return uri
+    path, sep, query = uri.removeprefix(SQLITE).partition("?")
+    if not path or path == ":memory:" or Path(path).is_absolute():
+        return uri
+    return f"{sqlite_uri(project_root(root) / path)}{sep}{query}"
+
+
+def portable_uri(uri: str, root: str | Path) -> str:
+    """``uri`` as manifests record it: a sqlite store inside the project relative to its root
+    (``sqlite:///mlflow.db``), so a copied or moved project resolves it to its own store."""
+    if not uri.startswith(SQLITE):
+        return uri
+    path, sep, query = uri.removeprefix(SQLITE).partition("?")
+    if not Path(path).is_absolute():
+        return uri
+    try:
+        relative = Path(path).resolve().relative_to(project_root(root))
+    except ValueError:
+        return uri
+    return f"{SQLITE}{relative.as_posix()}{sep}{query}"
 
 
 def experiment_name(task: str, corpus: str, prefix: str = "hiertx") -> str:
@@ -169,6 +232,9 @@ Op = Callable[[Any, str], Any]  # (MlflowClient, run_id) -> result
 def _client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 
+    from pipeline.tracking_sync import follow_move
+
+    follow_move(uri)  # a local store moved with its project writes artifacts beside itself
     return MlflowClient(tracking_uri=uri)
 
 
@@ -197,26 +263,57 @@ def _experiment_id(client: Any, name: str) -> str:
 
 
 def _find_run(client: Any, experiment_id: str, tag: str, value: str) -> Any | None:
+    """The newest run tagged ``tag = value``, leaving out runs a fallback run stood in for
+    (those hold part of the history only)."""
     runs = client.search_runs(
         [experiment_id],
         filter_string=f"tags.`{tag}` = '{value}'",
         order_by=["attributes.start_time DESC"],
-        max_results=1,
+        max_results=20,
     )
-    return runs[0] if runs else None
+    return next((r for r in runs if TAG_FALLBACK_RUN not in r.data.tags), None)
 
 
-def _create_run(
-    client: Any, experiment: str, run_name: str, tags: Mapping[str, str], resume_key: str | None
+def _open_run(
+    client: Any,
+    experiment: str,
+    run_name: str,
+    tags: Mapping[str, str],
+    resume_key: str | None,
+    reuse: Reuse,
 ) -> str:
+    """The run tagged ``resume_key`` (reopened) if ``reuse`` allows it, else a new run."""
     exp_id = _experiment_id(client, experiment)
-    if resume_key is not None:
+    if resume_key is not None and reuse != "never":
         found = _find_run(client, exp_id, TAG_RUN_KEY, resume_key)
-        if found is not None and found.info.status != "FINISHED":
+        if found is not None and (reuse == "any" or found.info.status != "FINISHED"):
             client.update_run(found.info.run_id, status="RUNNING")
+            _tag_op(tags)(client, found.info.run_id)  # e.g. the commit that goes on with it
             return str(found.info.run_id)
-    all_tags = {**tags, **({TAG_RUN_KEY: resume_key} if resume_key else {})}
-    return str(client.create_run(exp_id, run_name=run_name, tags=all_tags).info.run_id)
+    return str(client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id)
+
+
+def _local_store_exists(uri: str) -> bool:
+    return uri.startswith(SQLITE) and Path(uri.removeprefix(SQLITE).partition("?")[0]).is_file()
+
+
+def _stand_in(client: Any, fallback: str, experiment: str, key: str) -> tuple[str, str | None]:
+    """Where the history of the run keyed ``key`` is when a fallback run holds it: that
+    fallback run's id and the id of the (partial) run it stands in for on ``client``'s
+    store, or ``("", None)`` when the store ``client`` reaches holds it."""
+    if fallback == client.tracking_uri or not _local_store_exists(fallback):
+        return "", None
+    local = _client(fallback)
+    local_exp = local.get_experiment_by_name(experiment)
+    if local_exp is None:
+        return "", None
+    exp = client.get_experiment_by_name(experiment)
+    found = None if exp is None else _find_run(client, exp.experiment_id, TAG_RUN_KEY, key)
+    if found is None:  # started while the server was down: only the fallback store has it
+        keyed = _find_run(local, local_exp.experiment_id, TAG_RUN_KEY, key)
+        return ("", None) if keyed is None else (str(keyed.info.run_id), None)
+    twin = _find_run(local, local_exp.experiment_id, TAG_ORIGIN, found.info.run_id)
+    return ("", None) if twin is None else (str(twin.info.run_id), str(found.info.run_id))
 
 
 class Tracker:
@@ -231,6 +328,7 @@ class Tracker:
         self.tags = dict(tags or {})
         self.journal: list[Op] = []
         self.fell_back = False
+        self.origin: RunRef | None = None  # after a fallback: the server run left behind
         self._last_result: Any = None
 
     @classmethod
@@ -243,16 +341,37 @@ class Tracker:
         tags: Mapping[str, str] | None = None,
         parent_run_id: str | None = None,
         resume_key: str | None = None,
+        reuse: Reuse = "unfinished",
     ) -> Tracker:
-        """A new run (or the unfinished run tagged ``resume_key``) in ``experiment``."""
+        """A run in ``experiment``, tagged ``resume_key``; ``reuse`` says when an earlier run
+        with that key goes on instead of a new one: ``"unfinished"`` (not FINISHED),
+        ``"any"`` (a training resuming from its checkpoint, even a finished one: its history
+        is in that run; where a fallback run holds it, that one goes on) or ``"never"``."""
         configure_env()
-        tags = {**(tags or {}), **({TAG_PARENT: parent_run_id} if parent_run_id else {})}
+        tags = {
+            **(tags or {}),
+            **({TAG_PARENT: parent_run_id} if parent_run_id else {}),
+            **({TAG_RUN_KEY: resume_key} if resume_key else {}),
+        }
+        tracker: Tracker | None = None
         try:
-            run_id = _create_run(_client(uri), experiment, run_name, tags, resume_key)
-            tracker = cls(RunRef(uri, run_id, experiment, run_name, fallback), tags)
+            client = _client(uri)
+            if reuse == "any" and resume_key is not None:
+                run_id, origin = _stand_in(client, fallback, experiment, resume_key)
+                if run_id:
+                    tracker = cls(RunRef(fallback, run_id, experiment, run_name, fallback), tags)
+                    local = _client(fallback)
+                    local.update_run(run_id, status="RUNNING")
+                    _tag_op(tags)(local, run_id)
+                    tracker.fell_back = True
+                    if origin is not None:
+                        tracker.origin = RunRef(uri, origin, experiment, run_name, fallback)
+            if tracker is None:
+                run_id = _open_run(client, experiment, run_name, tags, resume_key, reuse)
+                tracker = cls(RunRef(uri, run_id, experiment, run_name, fallback), tags)
         except Exception as err:
             _warn(uri, err)
-            run_id = _create_run(_client(fallback), experiment, run_name, tags, resume_key)
+            run_id = _open_run(_client(fallback), experiment, run_name, tags, resume_key, reuse)
             tracker = cls(RunRef(fallback, run_id, experiment, run_name, fallback), tags)
             tracker.fell_back = True
         # journaled (already applied): a later fallback run gets the creation tags too
@@ -287,6 +406,7 @@ class Tracker:
             run_id = str(
                 client.create_run(exp_id, run_name=self.ref.run_name, tags=tags).info.run_id
             )
+        self.origin = self.ref
         self.ref = RunRef(
             self.ref.fallback_uri,
             run_id,
@@ -302,13 +422,25 @@ class Tracker:
     # ----------------------------------------------------------------- logging
 
     def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log ``params`` (flattened). A param the run already holds with another value (a
+        resumed run whose non-hashed settings changed, e.g. ``train.scale.cpus_per_worker``)
+        cannot change in MLflow: its new value goes to the tag ``hiertx.changed_param.<key>``."""
         from mlflow.entities import Param
 
-        flat = flatten(params)
-        items = [Param(k, v[:6000]) for k, v in sorted(flat.items())]
-        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            chunk = items[i : i + 100]
-            self._do(lambda c, r, chunk=chunk: c.log_batch(r, params=chunk))
+        flat = {k: v[:6000] for k, v in flatten(params).items()}
+
+        def op(client: Any, run_id: str) -> None:
+            have = client.get_run(run_id).data.params
+            items = [Param(k, v) for k, v in sorted(flat.items()) if k not in have]
+            for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+                client.log_batch(run_id, params=items[i : i + 100])
+            changed = {
+                f"{TAG_CHANGED_PARAM}.{k}": v for k, v in flat.items() if have.get(k, v) != v
+            }
+            if changed:
+                _tag_op(changed)(client, run_id)
+
+        self._do(op)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.tags.update(tags)
@@ -340,27 +472,63 @@ class Tracker:
             lambda c, r: serving.log_pyfunc(c.tracking_uri, r, registered_name, **kwargs)
         )
 
-    def end_children(self, status: str = "KILLED") -> int:
-        """Mark child runs still RUNNING (trials stopped by the scheduler, whose process
-        was killed before it could end its run) as ``status``; returns how many."""
+    def end_children(self, statuses: Mapping[str, str], default: str = "KILLED") -> int:
+        """Give child runs their scheduler's verdict: ``statuses`` maps a child's
+        ``hiertx.trial_id`` tag to FINISHED / FAILED. Ray Tune stops a trial's process right
+        after its last report, often before the trial ends its own run (left RUNNING, or
+        KILLED): those take the verdict; children still RUNNING that ``statuses`` does not
+        name get ``default``. A run its trial ended itself (FINISHED, or FAILED with a
+        reason such as an invalid config) keeps its status. Returns how many changed."""
 
         def op(client: Any, run_id: str) -> int:
             exp_id = client.get_run(run_id).info.experiment_id
-            runs = client.search_runs(
-                [exp_id],
-                filter_string=f"tags.`{TAG_PARENT}` = '{run_id}' and attributes.status = 'RUNNING'",
+            children = client.search_runs(
+                [exp_id], filter_string=f"tags.`{TAG_PARENT}` = '{run_id}'"
             )
-            for run in runs:
-                client.set_terminated(run.info.run_id, status)
-            return len(runs)
+            changed = 0
+            for run in children:
+                if run.info.status not in ("RUNNING", "KILLED"):
+                    continue
+                want = statuses.get(run.data.tags.get(TAG_TRIAL, ""))
+                if want is None and run.info.status == "RUNNING":
+                    want = default
+                if want is not None and want != run.info.status:
+                    client.set_terminated(run.info.run_id, want)
+                    changed += 1
+            return changed
 
         return int(self._do(op) or 0)
 
     def end(self, status: str = "FINISHED") -> None:
+        """End the run. If any process of it fell back (this one or a Ray worker), the
+        fallback run gets this process's part too and the server run it stands in for is
+        marked FAILED and tagged with the fallback run's id (one try: a server still down
+        leaves that to ``sync-mlflow``)."""
+        if not self.fell_back and self._fallback_twin_exists():
+            self._fall_back()
         self._do(lambda c, r: c.set_terminated(r, status))
+        if self.origin is not None:
+            origin, self.origin = self.origin, None
+            try:
+                client = _client(origin.uri)
+                client.set_tag(origin.run_id, TAG_FALLBACK_RUN, self.run_id)
+                client.set_terminated(origin.run_id, "FAILED")
+            except Exception:  # still unreachable
+                self.origin = origin
 
-    def artifact_uri(self) -> str:
-        return str(_client(self.ref.uri).get_run(self.ref.run_id).info.artifact_uri)
+    def _fallback_twin_exists(self) -> bool:
+        """Whether another process of this run fell back (a fallback run stands in for it)."""
+        fallback = self.ref.fallback_uri
+        if fallback == self.ref.uri or not _local_store_exists(fallback):
+            return False
+        try:
+            client = _client(fallback)
+            exp = client.get_experiment_by_name(self.ref.experiment)
+            return exp is not None and (
+                _find_run(client, exp.experiment_id, TAG_ORIGIN, self.run_id) is not None
+            )
+        except Exception:  # a broken local store must not fail the run's end
+            return False
 
 
 def _tag_op(tags: Mapping[str, str]) -> Op:

@@ -1,0 +1,155 @@
+"""Thin DVC stage entry points: ``python -m stages.<name>``, one per stage of ``dvc.yaml``.
+
+Each ``stages/<name>.py`` exposes ``select_params(params, item)``, the only slice of
+``params.yaml`` the stage passes on; it must equal the stage's ``params:`` list in dvc.yaml
+(tests/test_dvc.py), except :data:`RECORDING_PARAMS`, which stages read but do not declare.
+
+Importing this package is the first thing ``python -m stages.<name>`` does, and it makes
+sure the stage runs in an interpreter where hiertx is installed. DVC runs a stage's
+``cmd`` through a shell with the user's PATH, so its ``python`` is whichever comes first
+there: without an activated venv that is a system or pyenv Python without the project's
+packages (``ModuleNotFoundError: No module named 'rich'``). Then the stage re-executes
+itself with the project's ``.venv/bin/python`` (saying so on stderr) or, without one,
+exits with what to do. This covers ``dvc repro``, ``dvc repro -s STAGE`` and
+``dvc exp run`` typed in any shell, and experiments DVC runs in a temporary copy of the
+project (``<project>/.dvc/tmp/exps/...``, which has no ``.venv`` of its own).
+
+This module runs before the interpreter's version is known to be supported: it keeps to
+syntax and modules old Pythons have.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+# Settings that change where results are recorded (MLflow), not what they are: the
+# train, tune, evaluate and report stages read them but do not list them under
+# ``params:`` in dvc.yaml, so changing e.g. ``tracking.log_model`` re-runs nothing.
+RECORDING_PARAMS = ("tracking",)
+
+DISTRIBUTION = "hiertx"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Set in the environment of a re-executed stage: never re-execute twice.
+REEXEC_ENV = "HIERTX_STAGE_REEXEC_FROM"
+
+
+def missing_requirements() -> list[str]:
+    """The distributions a stage needs that this interpreter lacks: ``hiertx`` itself, or
+    its runtime requirements (extras left out); empty if everything is installed."""
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return [DISTRIBUTION]
+    try:
+        requires = metadata.distribution(DISTRIBUTION).requires or []
+    except metadata.PackageNotFoundError:
+        return [DISTRIBUTION]
+    missing = []
+    for requirement in requires:
+        if "extra ==" in requirement:  # dev tools: not needed to run a stage
+            continue
+        name = re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0]
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
+def command_line() -> list[str] | None:
+    """This process's full command line (``sys.orig_argv``, or /proc on Pythons < 3.10):
+    while ``python -m`` imports this package, ``sys.argv[0]`` is only ``"-m"``."""
+    argv = getattr(sys, "orig_argv", None)
+    if argv:
+        return list(argv)
+    try:
+        raw = Path("/proc/self/cmdline").read_bytes()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def stage_module(argv: list[str]) -> str | None:
+    """The module of ``python [options] -m <module> ...``, or None."""
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "-m":
+            return next(args, None)
+        if arg.startswith("-m"):
+            return arg[2:]
+        if arg in ("-X", "-W", "--check-hash-based-pycs"):
+            next(args, None)  # the option's value
+        elif arg.startswith("-c") or arg == "-" or not arg.startswith("-"):
+            return None  # -c, stdin or a script: not run as a module
+    return None
+
+
+def project_pythons(root: Path = PROJECT_ROOT) -> list[Path]:
+    """The venv Pythons that can run this project's stages: ``<root>/.venv`` and, for an
+    experiment DVC runs in a temporary copy inside a project's ``.dvc/tmp``, the
+    ``.venv`` of that enclosing project."""
+    scripts, exe = ("Scripts", "python.exe") if os.name == "nt" else ("bin", "python")
+    roots = [root, *(p for p in root.parents if (p / ".dvc").is_dir())]
+    return [r / ".venv" / scripts / exe for r in roots if (r / ".venv" / scripts / exe).is_file()]
+
+
+def _is_current(python: Path) -> bool:
+    """Whether ``python`` belongs to the venv this process already runs in."""
+    try:
+        return python.parent.parent.resolve() == Path(sys.prefix).resolve()
+    except OSError:
+        return False
+
+
+def advice(module: str, missing: list[str], tried: list[Path]) -> str:
+    """The message of a stage that cannot run here: which interpreter, what is missing,
+    what to do."""
+    here = f"{sys.executable} (Python {sys.version.split()[0]})"
+    lacks = ", ".join(missing[:6]) + (", ..." if len(missing) > 6 else "")
+    lines = [
+        f"{module}: the Python that ran this stage, {here}, lacks {lacks}.",
+        "DVC runs each stage's `python` from your PATH, and this project's packages are "
+        "installed in its .venv.",
+    ]
+    if tried:
+        lines.append(f"{tried[0]} lacks them too: run `make setup` in {PROJECT_ROOT}.")
+    lines.append(
+        "Run the pipeline with `make repro`, or run `make setup` once and then "
+        "`source .venv/bin/activate` before `dvc repro` / `dvc exp run`."
+    )
+    return "\n".join(lines)
+
+
+def ensure_project_interpreter() -> None:
+    """Re-execute a ``python -m stages.<name>`` run by an interpreter without hiertx with
+    the project's ``.venv/bin/python``; exit with :func:`advice` if there is none. Does
+    nothing when the package is merely imported (tests, other tools)."""
+    argv = command_line()
+    module = stage_module(argv) if argv else None
+    if not module or not module.startswith(f"{__name__}."):
+        return
+    missing = missing_requirements()
+    if not missing:
+        return
+    tried = [Path(os.environ[REEXEC_ENV])] if os.environ.get(REEXEC_ENV) else []
+    if not tried:
+        for python in project_pythons():
+            if _is_current(python):
+                tried.append(python)
+                continue
+            print(
+                f"{module}: {sys.executable} lacks {missing[0]}; re-running with {python} "
+                "(activate the venv to skip this step)",
+                file=sys.stderr,
+                flush=True,
+            )
+            env = dict(os.environ)
+            env[REEXEC_ENV] = str(python)
+            os.execve(str(python), [str(python), *argv[1:]], env)
+    sys.exit(advice(module, missing, tried))
+
+
+ensure_project_interpreter()

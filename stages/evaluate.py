@@ -1,9 +1,10 @@
 """Stage ``evaluate``: every trained seed of one run, scored on the test split.
 
-    python -m stages.evaluate <model> <corpus> [--params params.yaml]
+    python -m stages.evaluate <model> <corpus> [--params params.yaml] [--no-progress]
 
 Reads ``data/train/<model>-<corpus>/`` and ``data/shards/<corpus>/``; writes
-``data/eval/<model>-<corpus>/{metrics.json,seeds.json,per_example.jsonl,samples.md}``
+``metrics/<model>-<corpus>.json`` (git-tracked: ``dvc metrics show``, ``dvc exp show``) and
+``data/eval/<model>-<corpus>/{seeds.json,per_example.jsonl,samples.md}``
 (``pipeline.eval.evaluate`` does the work) and logs the metrics to the training runs.
 """
 
@@ -11,15 +12,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pipeline.config import CorpusName, Params, load_params, run_key
 from pipeline.errors import ConfigError, HiertxError
-from pipeline.eval.evaluate import EvalSettings, evaluate_run
+from pipeline.eval.evaluate import EvalSettings, evaluate_run, metrics_path
 
 
 def select_params(params: Params, key: str) -> EvalSettings:
-    """What this stage reads (``params:`` of ``evaluate`` in dvc.yaml): ``evaluate``,
-    ``tracking`` and the corpus' tokenize settings. ``key`` is ``<model>-<corpus>``."""
+    """What this stage reads (``params:`` of ``evaluate`` in dvc.yaml): ``evaluate`` and
+    the corpus' tokenize settings; and ``tracking``, which only says where the metrics are
+    also logged (``stages.RECORDING_PARAMS``). ``key`` is ``<model>-<corpus>``."""
     corpus = key.rsplit("-", 1)[-1]
     try:
         corpus_name = CorpusName(corpus)
@@ -37,18 +40,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model")
     parser.add_argument("corpus", choices=[c.value for c in CorpusName])
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
+    )
     args = parser.parse_args(argv)
     key = run_key(args.model, args.corpus)
     try:
         params = load_params(args.params)
         if CorpusName(args.corpus) not in params.tokenize.corpora:
             raise ConfigError("tokenize.corpora", f"no entry for {args.corpus}")
-        metrics = evaluate_run(select_params(params, key), args.model, args.corpus)
+        metrics = evaluate_run(
+            select_params(params, key), args.model, args.corpus, progress=not args.no_progress
+        )
     except HiertxError as err:
         print(f"evaluate {key}: {err}", file=sys.stderr)
         return 1
     shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if not k.endswith("_ci95"))
-    print(f"{key}: {shown} -> data/eval/{key}/metrics.json")
+    print(f"{key}: {shown} -> {metrics_path(Path('.'), key)}")
     return 0
 
 

@@ -4,8 +4,8 @@
 
 Reads ``data/eval/<run>/`` and ``data/train/<run>/`` of every run in ``train.runs`` and
 ``tune.runs``, the MLflow validation history of each, and one real test history of the
-first generate corpus; writes ``reports/`` and logs it to MLflow (experiment
-``<prefix>/report``).
+first generate corpus; writes ``reports/`` and ``plots/valid_loss.csv`` (``dvc plots
+show``) and logs the report to MLflow (experiment ``<prefix>/report``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from pipeline.report.build import build_report
 
 def select_params(params: Params, key: None = None) -> Params:
     """What this stage reads (``params:`` of ``report`` in dvc.yaml): the runs, the corpora
-    and their tokenize settings, the bootstrap size and ``tracking``."""
+    and their tokenize settings and the bootstrap size; and ``tracking``, which only says
+    where the report is also logged (``stages.RECORDING_PARAMS``)."""
     return Params.model_construct(
         corpora=params.corpora,
         tokenize=TokenizeParams.model_construct(corpora=params.tokenize.corpora),

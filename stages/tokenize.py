@@ -1,6 +1,7 @@
 """Stage ``tokenize``: one corpus's raw files -> vocabulary + Arrow example shards.
 
     python -m stages.tokenize <corpus> [--params params.yaml] [--raw data/raw] [--out data/shards]
+        [--no-progress]
 
 Reads ``<raw>/<corpus>/`` and writes ``<out>/<corpus>/`` (``manifest.json``, ``vocab.json``,
 ``<task>/<split>-NNNNN.arrow``); ``pipeline.data.tokenize`` does the work.
@@ -36,8 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--raw", default="data/raw", help="folder holding <corpus>/ raw files")
     parser.add_argument("--out", default="data/shards", help="folder to write <corpus>/ into")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
+    )
     args = parser.parse_args(argv)
-    console = Console(stderr=True)
     start = time.perf_counter()
     try:
         params = load_params(args.params)
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             on_error=on_error, shard_rows=shard_rows, corpora={args.corpus: corpus}
         )
         raw, out = Path(args.raw) / args.corpus, Path(args.out) / args.corpus
-        manifest = tokenize_corpus(args.corpus, raw, out, section, progress=console.is_terminal)
+        manifest = tokenize_corpus(args.corpus, raw, out, section, progress=not args.no_progress)
     except HiertxError as err:
         print(f"tokenize {args.corpus}: {err}", file=sys.stderr)
         return 1

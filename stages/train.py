@@ -20,8 +20,9 @@ from pipeline.train.seeds import train_seeds
 
 def select_params(params: Params, key: str) -> Params:
     """What this stage reads (``params:`` of ``train`` in dvc.yaml): the run's entry,
-    ``train.defaults/models/scale``, ``tracking``, the corpus' ``tokenize`` settings and,
-    for a tuned run, its search space."""
+    ``train.defaults/models/scale``, the corpus' ``tokenize`` settings and, for a tuned run,
+    its search space; and ``tracking``, which only says where the run is recorded
+    (``stages.RECORDING_PARAMS``: not a dvc.yaml dependency)."""
     return run_slice(params, key)
 
 
@@ -30,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model")
     parser.add_argument("corpus")
     parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
+    )
     args = parser.parse_args(argv)
     try:
         params = select_params(load_params(args.params), run_key(args.model, args.corpus))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -137,3 +138,103 @@ def test_rank_orders_candidates_by_model_score(project, capsys, tmp_path):
     request.write_text('{"context": ["hi"], "candidates": ["a", "b"]}')
     assert cli.main([*args, "--input", str(request)]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+
+
+# --------------------------------------------------------------------------- chat output
+
+TINY_TRANSFORMER = {
+    "d_model": 16,
+    "n_encoder_layers": 1,
+    "n_decoder_layers": 1,
+    "n_heads": 2,
+    "d_head": 8,
+    "d_ff": 32,
+}
+
+
+@pytest.fixture(scope="module")
+def random_project(tmp_path_factory) -> Path:
+    """Tokenized chitchat and a randomly initialised tiny transformer as a trained run."""
+    from pipeline.models import registry
+    from pipeline.train.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("chatproject")
+    shards = root / "data" / "shards" / "chitchat"
+    tokenize_corpus("chitchat", None, shards, parse_params(project_params()))
+    torch.manual_seed(0)
+    model = registry.build("transformer", len(load_vocab(shards)), **TINY_TRANSFORMER)
+    run = root / "data" / "train" / "transformer-chitchat"
+    save_checkpoint(
+        {
+            "model_name": "transformer",
+            "model_config": model.config.model_dump(mode="json"),
+            "task": "generate",
+            "model": model.state_dict(),
+        },
+        run / "model.pt",
+    )
+    manifest = {"checkpoint": "data/train/transformer-chitchat/model.pt", "corpus": "chitchat"}
+    (run / "manifest.json").write_text(json.dumps({**manifest, "task": "generate"}))
+    return root
+
+
+def chat_in_process(root: Path, monkeypatch, capsys, lines: list[str], *args: str) -> list[str]:
+    """``python -m pipeline chat`` through ``cli.main``, ``lines`` on stdin; the replies."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
+    argv = ["chat", "--run", "transformer-chitchat", "--root", str(root), "--local", *args]
+    assert cli.main([*argv, "--params", str(root / "missing.yaml")]) == 0
+    replies = capsys.readouterr().out.splitlines()
+    assert len(replies) == len(lines)
+    return replies
+
+
+def test_an_empty_reply_is_shown_as_empty(random_project, monkeypatch, capsys):
+    from pipeline.data.special import EOS_ID
+    from pipeline.models.transformer import EncoderDecoder
+
+    decode = EncoderDecoder.decode
+
+    def ends_at_once(self, tokens, memory, state=None):  # the model answers <eos> first
+        logits, state = decode(self, tokens, memory, state)
+        logits = logits.clone()
+        logits[..., EOS_ID] += 1e4
+        return logits, state
+
+    monkeypatch.setattr(EncoderDecoder, "decode", ends_at_once)
+    replies = chat_in_process(random_project, monkeypatch, capsys, ["hi", "hello ?"])
+    assert replies == [cli.EMPTY_REPLY, cli.EMPTY_REPLY]
+
+
+def test_sampling_varies_across_turns_and_repeats_with_the_seed(
+    random_project, monkeypatch, capsys
+):
+    import pipeline.decode
+
+    seeds: list[int] = []
+    real = pipeline.decode.generate
+
+    def spy(model, batch, config):
+        seeds.append(config.seed)
+        return real(model, batch, config)
+
+    monkeypatch.setattr(pipeline.decode, "generate", spy)
+    lines = ["hi , how are you ?", "what do you do for fun ?", "tell me more"]
+
+    def chat(*args: str) -> tuple[list[str], list[int]]:
+        seeds.clear()
+        return chat_in_process(random_project, monkeypatch, capsys, lines, *args), list(seeds)
+
+    for sampling in (["--top-p", "0.9"], ["--top-k", "50"], ["--top-p", "0.9", "--top-k", "50"]):
+        first, turn_seeds = chat(*sampling, "--seed", "7")
+        assert len(set(turn_seeds)) == 3, sampling  # a fresh seed every turn
+        assert len(set(first)) == 3, (sampling, first)  # so the replies differ
+        assert chat(*sampling, "--seed", "7") == (first, turn_seeds)  # the conversation repeats
+        other, other_seeds = chat(*sampling, "--seed", "8")
+        assert other_seeds != turn_seeds and other != first, sampling
+
+
+def test_bad_sampling_arguments_name_the_flag(capsys):
+    for args, flag in ((["--top-p", "0"], "--top-p"), (["--top-k", "-1"], "--top-k"),
+                       (["--beam", "3", "--top-k", "5"], "--beam")):  # fmt: skip
+        assert cli.main(["chat", "--run", "transformer-chitchat", *args]) == 2
+        assert flag in capsys.readouterr().err

@@ -31,7 +31,7 @@ def _with(raw: dict, dotted: str, value: object) -> dict:
     node = raw
     *parents, leaf = dotted.split(".")
     for key in parents:
-        node = node[key]
+        node = node.setdefault(key, {})
     node[leaf] = value
     return raw
 
@@ -44,7 +44,7 @@ def _with(raw: dict, dotted: str, value: object) -> dict:
         ("tokenize.corpora.chitchat.vocab.size", "big", "valid integer"),
         ("tokenize.on_error", "ignore", "'raise' or 'skip'"),
         ("download.retries", -1, "greater than or equal to 0"),
-        ("tokenize.corpora.chitchat.typo_key", 1, "Extra inputs are not permitted"),
+        ("tokenize.corpora.chitchat.typo_key", 1, "unknown key; allowed here: tasks, vocab"),
     ],
 )
 def test_bad_values_name_the_dotted_key(
@@ -96,3 +96,120 @@ def test_cross_field_errors_name_the_field(shipped: dict) -> None:
         parse_params(raw)
     assert err.value.key == "tune.runs.unet-chitchat"
     assert "tune.spaces has no entry for 'unet'" in err.value.reason
+
+
+# --------------------------------------------------------------------------- names and refs
+
+
+@pytest.fixture(scope="module")
+def tiny() -> dict:
+    return yaml.safe_load((REPO / "profiles" / "tiny.yaml").read_text())
+
+
+def _error(raw: dict) -> ConfigError:
+    with pytest.raises(ConfigError) as err:
+        parse_params(raw)
+    return err.value
+
+
+def test_shipped_profiles_validate_with_their_names_and_references() -> None:
+    for name in ("params.yaml", "profiles/tiny.yaml", "profiles/paper.yaml"):
+        parse_params(yaml.safe_load((REPO / name).read_text()))
+
+
+def test_misspelled_model_key_is_rejected_with_the_closest_name(tiny: dict) -> None:
+    err = _error(_with(tiny, "train.models.hierr", {"clip_norm": 0.5}))
+    assert err.key == "train.models.hierr"
+    assert err.reason.startswith("no model named 'hierr'; did you mean 'hier'? registered: ")
+    assert "hrt_last" in err.reason
+
+
+def test_run_of_a_model_that_does_not_exist_names_its_key(tiny: dict) -> None:
+    run = {"model": "transfomer", "corpus": "chitchat"}
+    err = _error(_with(tiny, "train.runs.transfomer-chitchat", run))
+    assert err.key == "train.runs.transfomer-chitchat.model"
+    assert "did you mean 'transformer'?" in err.reason
+    err = _error(_with(tiny, "tune.runs.hierr-chitchat", {"model": "hierr", "corpus": "chitchat"}))
+    assert err.key == "tune.runs.hierr-chitchat"  # no tune.spaces entry comes first
+
+
+def test_run_on_a_corpus_outside_corpora_names_its_key(tiny: dict) -> None:
+    raw = _with(tiny, "train.runs.transformer-ptb", {"model": "transformer", "corpus": "ptb"})
+    err = _error(raw)
+    assert err.key == "train.runs.transformer-ptb.corpus"
+    assert "'ptb' is not in corpora: ['chitchat']" in err.reason and "add it" in err.reason
+
+
+def test_unknown_keys_name_the_closest_allowed_key(tiny: dict) -> None:
+    err = _error(_with(tiny, "trainn", {"runs": {}}))
+    assert err.key == "trainn"
+    assert err.reason.startswith("unknown key; did you mean 'train'? allowed here: corpora,")
+    err = _error(_with(tiny, "train.defaults.optimiser", {"lr": 0.1}))
+    assert (err.key, "did you mean 'optimizer'?" in err.reason) == (
+        "train.defaults.optimiser",
+        True,
+    )
+    err = _error(_with(tiny, "train.runs.unet-chitchat.overrides.epoch", 2))
+    assert err.key == "train.runs.unet-chitchat.overrides.epoch"
+    assert "did you mean 'epochs'?" in err.reason
+
+
+def test_model_task_must_be_a_task_of_the_corpus(tiny: dict) -> None:
+    raw = _with(tiny, "tokenize.corpora.chitchat.tasks", ["generate", "lm"])
+    err = _error(raw)
+    assert err.key == "train.runs.transformer_ranker-chitchat"
+    assert "transformer_ranker is a select model but chitchat only yields" in err.reason
+    assert "add select to tokenize.corpora.chitchat.tasks" in err.reason
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "where", "reason"),
+    [
+        ("train.models.unet.model.d_modle", 8, "", "unet's config has no field 'd_modle'; did"),
+        ("train.models.unet.model.n_heads", 0, "", "greater than or equal to 1"),
+        ("train.runs.unet-chitchat.overrides.model.d_ff", -1, "", "greater than or equal to 1"),
+        ("train.defaults.model", {"d_hidden": 8}, ".d_hidden", "config has no field 'd_hidden'"),
+        ("train.models.unet_linear.model", {"linear_skip": False}, ".linear_skip", "fixed to"),
+    ],
+)
+def test_model_overrides_are_fields_of_the_models_config(
+    tiny: dict, key: str, value: object, where: str, reason: str
+) -> None:
+    err = _error(_with(tiny, key, value))
+    assert err.key == key + where
+    assert reason in err.reason
+
+
+def test_search_spaces_and_decodings_name_real_models_and_fields(tiny: dict) -> None:
+    dim = {"kind": "int", "low": 1, "high": 2}
+    err = _error(_with(tiny, "tune.spaces.hier.model.n_hedas", dim))
+    assert err.key == "tune.spaces.hier.model.n_hedas"
+    assert "did you mean 'n_heads'?" in err.reason
+    err = _error(_with(tiny, "tune.spaces.heir", {"model": {"n_heads": dim}}))
+    assert err.key == "tune.spaces.heir" and "did you mean 'hier'?" in err.reason
+    err = _error(_with(tiny, "evaluate.models.transformr", [{"strategy": "greedy"}]))
+    assert err.key == "evaluate.models.transformr"
+    err = _error(_with(tiny, "evaluate.models.transformer_ranker", [{"strategy": "greedy"}]))
+    assert "select model; decodings apply to generate models only" in err.reason
+    err = _error(_with(tiny, "tune.runs.hier-chitchat.overrides", {"epochs": 3}))
+    assert err.key == "tune.runs.hier-chitchat.overrides"
+    assert "move these keys to train.models.hier" in err.reason
+
+
+def test_every_stage_script_stops_at_bad_params_before_any_work(
+    tiny: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stages import check, download, tokenize
+
+    bad = tmp_path / "params.yaml"
+    bad.write_text(yaml.safe_dump(_with(tiny, "train.models.hierr", {"clip_norm": 0.5})))
+    out = tmp_path / "out"
+    assert download.main(["chitchat", "--params", str(bad), "--out", str(out)]) == 1
+    args = ["chitchat", "--params", str(bad), "--raw", str(out), "--out", str(out)]
+    assert tokenize.main(args) == 1
+    assert check.main(["--params", str(bad), "--out", str(out / "checked")]) == 1
+    assert not out.exists()
+    assert capsys.readouterr().err.count("train.models.hierr: no model named 'hierr'") == 3
+    bad.write_text(yaml.safe_dump(tiny))
+    assert check.main(["--params", str(bad), "--out", str(out / "checked")]) == 0
+    assert (out / "checked").read_text() == check.CHECKED

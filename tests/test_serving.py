@@ -1,9 +1,14 @@
-"""The pyfunc's text -> batch -> answer path, without MLflow (fast)."""
+"""The pyfunc's text -> batch -> answer path (fast, without MLflow), its signature and input
+example, and logging and loading it without MLflow's type-hint warning."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,8 +16,17 @@ import torch
 
 from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, SPECIAL_TOKENS
 from pipeline.data.vocab import Vocab
+from pipeline.decode import DecodeConfig
 from pipeline.models import registry
-from pipeline.serving import HiertxModel, ServingSpec, encode_histories, lm_batch, select_batch
+from pipeline.serving import (
+    HiertxModel,
+    ServingSpec,
+    encode_histories,
+    input_example,
+    lm_batch,
+    model_signature,
+    select_batch,
+)
 from pipeline.train.checkpoint import save_checkpoint
 
 WORDS = [
@@ -33,9 +47,37 @@ WORDS = [
 ]
 
 
+REPO = Path(__file__).resolve().parents[1]
+TINY = {
+    "transformer": dict(
+        d_model=16, n_encoder_layers=1, n_decoder_layers=1, n_heads=2, d_head=8, d_ff=32
+    ),
+    "dual_lstm": dict(d_embed=8, d_hidden=8),
+    "gpt": dict(d_model=16, n_heads=2, n_layers=1, d_ff=32),
+}
+
+
 @pytest.fixture(scope="module")
 def vocab() -> Vocab:
     return Vocab([*SPECIAL_TOKENS, *WORDS])
+
+
+def tiny_checkpoint(folder: str | Path) -> tuple[Path, Path]:
+    """A tiny (untrained) transformer checkpoint and its vocabulary."""
+    folder = Path(folder)
+    vocab = Vocab([*SPECIAL_TOKENS, *WORDS])
+    model = registry.build("transformer", len(vocab), **TINY["transformer"])
+    state = {
+        "model_name": "transformer",
+        "model_config": model.config.model_dump(mode="json"),
+        "model": model.state_dict(),
+    }
+    vocab.save(folder / "vocab.json")
+    return save_checkpoint(state, folder / "model.pt"), folder / "vocab.json"
+
+
+def _uri(folder: Path) -> str:
+    return f"sqlite:///{folder / 'mlflow.db'}"
 
 
 def _served(tmp_path, vocab, name, task, **config) -> HiertxModel:
@@ -124,3 +166,77 @@ def test_generate_pyfunc_needs_a_history_column(tmp_path, vocab):
     assert len(answers) == 1 and len(answers[0].split()) <= 5
     with pytest.raises(ValueError, match="'history' column"):
         served.predict(None, [{"text": "hi"}])
+
+
+@pytest.mark.parametrize(
+    ("name", "task", "config", "columns", "output"),
+    [
+        ("transformer", "generate", TINY["transformer"], ["history"], {"type": "string"}),
+        (
+            "dual_lstm",
+            "select",
+            TINY["dual_lstm"],
+            ["history", "candidates"],
+            {"type": "array", "items": {"type": "double"}},
+        ),
+        ("gpt", "lm", TINY["gpt"], ["document"], {"type": "double"}),
+    ],
+)
+def test_signature_and_input_example_say_what_each_task_takes(
+    tmp_path, vocab, name, task, config, columns, output
+):
+    spec = ServingSpec(task, max_response=7)
+    signature = model_signature(spec)
+    texts = {"type": "array", "items": {"type": "string"}, "required": True}
+    saved = signature.to_dict()  # what the MLmodel file (and the model's page) shows
+    assert json.loads(saved["inputs"]) == [{**texts, "name": c} for c in columns]
+    assert json.loads(saved["outputs"]) == [{**output, "required": True}]
+    if task == "generate":  # every decoding knob, with the corpus' response length
+        params = {p.name: p.default for p in signature.params.params}
+        assert set(params) == set(DecodeConfig.model_fields)
+        assert params["max_length"] == 7 and params["strategy"] == "greedy"
+    else:
+        assert signature.params is None
+    example = input_example(spec)
+    assert list(example.columns) == columns
+    # the example is a valid request: the pyfunc answers it
+    answers = _served(tmp_path, vocab, name, task, **config).predict(None, example)
+    assert len(answers) == 1
+
+
+@pytest.mark.slow
+def test_logging_and_loading_the_pyfunc_warns_nothing_about_type_hints(tmp_path):
+    """MLflow warned "Add type hints to the `predict` method" (with colour escapes) when
+    ``pipeline.serving`` was imported (every train/tune stage) and when a logged model was
+    loaded (``chat``/``rank``). Both run here in fresh processes, as the stages do."""
+    log = f"""
+import warnings
+warnings.simplefilter("always")
+from pipeline import tracking
+from pipeline.serving import ServingSpec
+from tests.test_serving import tiny_checkpoint
+ckpt, vocab = tiny_checkpoint({str(tmp_path)!r})
+t = tracking.Tracker.start({_uri(tmp_path)!r}, {_uri(tmp_path)!r}, "e", "r")
+print("VERSION", t.log_pyfunc("m", checkpoint=ckpt, vocab=vocab, spec=ServingSpec("generate")))
+"""
+    load = f"""
+import warnings
+warnings.simplefilter("always")
+import mlflow
+mlflow.set_tracking_uri({_uri(tmp_path)!r})
+model = mlflow.pyfunc.load_model("models:/m/1")
+print("ANSWER", model.predict([{{"history": ["hi there", "how are you"]}}]))
+"""
+    for code in (log, load):
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "VERSION 1" in done.stdout or "ANSWER" in done.stdout
+        assert "type hint" not in done.stderr.lower(), done.stderr[-3000:]
+        assert "\x1b[" not in done.stderr

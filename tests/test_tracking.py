@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
 import mlflow
 import pytest
+import yaml
 
 from pipeline import tracking
 from pipeline.tracking import Tracker, TrackingUnavailable
@@ -115,3 +119,260 @@ def test_server_dying_mid_run_replays_everything_into_one_fallback_run(stores, m
     steps = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
     assert steps == [(1, 3.0), (2, 2.0), (3, 1.0)]
     assert run.data.params == {"a": "1"} and run.info.status == "FINISHED"
+
+
+# --------------------------------------------------------------------------- where the store is
+
+
+def test_store_is_the_projects_and_manifests_record_it_relative(tmp_path, monkeypatch):
+    monkeypatch.delenv(tracking.TRACKING_URI_ENV, raising=False)
+    monkeypatch.delenv(tracking.DVC_ROOT_ENV, raising=False)
+    project = tmp_path / "project"
+    uri = tracking.tracking_uri(project)
+    assert uri == f"sqlite:///{project / 'mlflow.db'}"
+    assert tracking.portable_uri(uri, project) == "sqlite:///mlflow.db"
+    fallback = tracking.fallback_uri(project)
+    assert tracking.portable_uri(fallback, project) == "sqlite:///runs/mlflow-fallback/mlflow.db"
+    # a copied (or moved) project reads its own store, not the original's
+    moved = tmp_path / "elsewhere"
+    assert tracking.resolve_uri("sqlite:///mlflow.db", moved) == f"sqlite:///{moved / 'mlflow.db'}"
+    # servers and stores outside the project are kept as they are
+    assert tracking.portable_uri("http://127.0.0.1:5000", project) == "http://127.0.0.1:5000"
+    outside = f"sqlite:///{tmp_path / 'shared.db'}"
+    assert (
+        tracking.portable_uri(outside, project) == outside == tracking.resolve_uri(outside, project)
+    )
+    # a relative $MLFLOW_TRACKING_URI (as the README shows) means the project's folder,
+    # whatever the working directory
+    monkeypatch.setenv(tracking.TRACKING_URI_ENV, "sqlite:///mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    assert tracking.tracking_uri(project) == uri
+
+
+def test_a_dvc_temp_experiment_logs_into_the_workspace_store(tmp_path, monkeypatch):
+    monkeypatch.delenv(tracking.TRACKING_URI_ENV, raising=False)
+    workspace = tmp_path / "ws"
+    copy = workspace / ".dvc" / "tmp" / "exps" / "standalone" / "tmpab12cd"  # as DVC 3.67
+    copy.mkdir(parents=True)
+    # as DVC runs a stage of `dvc exp run --temp`: cwd = the copy, $DVC_ROOT = the workspace
+    monkeypatch.setenv(tracking.DVC_ROOT_ENV, str(workspace))
+    assert tracking.project_root(copy) == workspace.resolve()
+    assert tracking.tracking_uri(copy) == f"sqlite:///{workspace.resolve() / 'mlflow.db'}"
+    assert tracking.fallback_uri(copy).startswith(f"sqlite:///{workspace.resolve() / 'runs'}")
+    assert tracking.portable_uri(tracking.tracking_uri(copy), copy) == "sqlite:///mlflow.db"
+    # a stage script run by hand inside the copy (no $DVC_ROOT) finds it from the layout
+    monkeypatch.delenv(tracking.DVC_ROOT_ENV)
+    assert tracking.project_root(copy / "sub") == workspace.resolve()
+    # $DVC_ROOT of another project (a stage that trains elsewhere) changes nothing
+    monkeypatch.setenv(tracking.DVC_ROOT_ENV, str(workspace))
+    assert tracking.project_root(tmp_path / "other") == (tmp_path / "other").resolve()
+    assert tracking.project_root(workspace) == workspace.resolve()
+
+
+# --------------------------------------------------------------------------- re-runs
+
+
+def test_reuse_any_goes_on_in_a_finished_run_never_starts_afresh(stores):
+    uri, fallback = stores
+    first = Tracker.start(uri, fallback, "reuse", "r", resume_key="train-k-1")
+    first.log_params({"scale": {"cpus": 1}, "lr": 0.1})
+    first.log_metrics({"valid_loss": 2.0}, step=5)
+    first.end()
+    # a training resuming its (finished) checkpoint: the run with its history goes on
+    again = Tracker.start(uri, fallback, "reuse", "r", resume_key="train-k-1", reuse="any")
+    assert again.run_id == first.run_id and _run(uri, again.run_id).info.status == "RUNNING"
+    # a setting outside the run key changed: recorded, not a (fallback-causing) error
+    again.log_params({"scale": {"cpus": 2}, "lr": 0.1, "new": 1})
+    again.end()
+    run = _run(uri, first.run_id)
+    assert not again.fell_back and run.info.status == "FINISHED"
+    assert run.data.params == {"scale.cpus": "1", "lr": "0.1", "new": "1"}
+    assert run.data.tags[f"{tracking.TAG_CHANGED_PARAM}.scale.cpus"] == "2"
+    assert tracking.metric_history(uri, run.info.run_id, "valid_loss") == [(5, 2.0)]
+    # a training that starts from step 0 gets a run of its own (no doubled history)
+    fresh = Tracker.start(uri, fallback, "reuse", "r", resume_key="train-k-1", reuse="never")
+    assert fresh.run_id != first.run_id
+    assert _run(uri, fresh.run_id).data.tags[tracking.TAG_RUN_KEY] == "train-k-1"
+
+
+def test_end_children_gives_trials_the_schedulers_verdict(stores):
+    uri, fallback = stores
+    parent = Tracker.start(uri, fallback, "children", "tune")
+    kids = {}
+    for trial in ("a", "b", "c", "d", "e"):
+        kids[trial] = Tracker.start(
+            uri, fallback, "children", trial, {tracking.TAG_TRIAL: trial}, parent.run_id
+        )
+    kids["b"].end("KILLED")  # interrupted after its last report
+    kids["d"].end("FINISHED")
+    kids["e"].end("FAILED")  # an invalid config: the trial reported inf and ended itself
+    verdict = {"a": "FINISHED", "b": "FINISHED", "c": "FAILED", "e": "FINISHED"}
+    assert parent.end_children(verdict) == 3
+    status = {t: _run(uri, k.run_id).info.status for t, k in kids.items()}
+    assert status == {
+        "a": "FINISHED",
+        "b": "FINISHED",
+        "c": "FAILED",
+        "d": "FINISHED",
+        "e": "FAILED",
+    }
+    lost = Tracker.start(uri, fallback, "children", "e", {}, parent.run_id)
+    assert parent.end_children({}, default="FAILED") == 1
+    assert _run(uri, lost.run_id).info.status == "FAILED"
+
+
+# --------------------------------------------------------------------------- server failures
+
+
+def _failing_client(monkeypatch, uri: str):
+    real_client = tracking._client
+
+    def failing(u: str):
+        if u == uri:
+            raise ConnectionError("server went away")
+        return real_client(u)
+
+    monkeypatch.setattr(tracking, "_client", failing)
+    return lambda: monkeypatch.setattr(tracking, "_client", real_client)
+
+
+def test_the_partial_server_run_is_failed_when_the_server_answers_again(stores, monkeypatch):
+    uri, fallback = stores
+    driver = Tracker.start(uri, fallback, "partial", "r", resume_key="train-p-1")
+    driver.log_params({"a": 1})
+    worker = driver.ref.attach()
+    worker.log_metrics({"loss": 3.0}, step=1)
+    origin = driver.run_id
+    back = _failing_client(monkeypatch, uri)
+    with pytest.warns(TrackingUnavailable):
+        worker.log_metrics({"loss": 2.0}, step=2)  # only the worker meets the dead server
+    back()  # the server answers again before the driver logs anything
+    driver.log_text("done", "notes.txt")
+    driver.end()
+    # the driver joined the worker's fallback run: it holds the whole run
+    assert driver.fell_back and driver.ref.uri == fallback and driver.run_id == worker.run_id
+    whole = _run(fallback, driver.run_id)
+    assert whole.data.params == {"a": "1"} and whole.info.status == "FINISHED"
+    assert tracking.metric_history(fallback, driver.run_id, "loss") == [(1, 3.0), (2, 2.0)]
+    partial = _run(uri, origin)
+    assert partial.info.status == "FAILED"
+    assert partial.data.tags[tracking.TAG_FALLBACK_RUN] == driver.run_id
+    # resuming the training goes on in the run that holds the history, not the partial one
+    again = Tracker.start(uri, fallback, "partial", "r", resume_key="train-p-1", reuse="any")
+    assert again.fell_back and again.run_id == driver.run_id
+
+
+def test_a_rerun_goes_on_in_the_fallback_run_when_the_server_was_still_down(stores, monkeypatch):
+    uri, fallback = stores
+    driver = Tracker.start(uri, fallback, "down", "r", resume_key="train-d-1")
+    origin = driver.run_id
+    back = _failing_client(monkeypatch, uri)
+    with pytest.warns(TrackingUnavailable):
+        driver.log_metrics({"loss": 1.0}, step=1)
+        driver.end()  # one try to fail the server run: still down
+    back()
+    assert _run(uri, origin).info.status == "RUNNING"
+    again = Tracker.start(uri, fallback, "down", "r", resume_key="train-d-1", reuse="any")
+    assert again.fell_back and again.run_id == driver.run_id
+    again.end()  # the server answers now: the partial run is closed
+    assert _run(uri, origin).info.status == "FAILED"
+
+
+@pytest.mark.slow
+def test_dvc_exp_run_temp_logs_into_the_workspace_store(tmp_path):
+    """DVC runs `dvc exp run --temp` in <workspace>/.dvc/tmp/exps/<tmp>/ and deletes it
+    afterwards: the run must land in the workspace's store."""
+    repo = Path(__file__).resolve().parents[1]
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    stage = (
+        "import os; from pipeline import tracking; "
+        "t = tracking.Tracker.start(tracking.tracking_uri('.'), tracking.fallback_uri('.'), "
+        "'temp-exp', 'r', tags={'cwd': os.getcwd()}); t.end(); "
+        "open('out.txt', 'w').write(t.ref.uri)"
+    )
+    log = {"cmd": f'{sys.executable} -c "{stage}"', "outs": ["out.txt"]}
+    (workspace / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"log": log}}))
+    env = {k: v for k, v in os.environ.items() if k not in (tracking.TRACKING_URI_ENV, "DVC_ROOT")}
+    env.update(
+        PYTHONPATH=str(repo),
+        DVC_NO_ANALYTICS="1",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@example.com",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@example.com",
+    )
+    dvc = str(Path(sys.executable).parent / "dvc")
+    for command in (
+        ["git", "init", "-q"],
+        [dvc, "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "commit", "-qm", "init"],
+        [dvc, "exp", "run", "--temp"],
+    ):
+        done = subprocess.run(
+            command, cwd=workspace, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+    store = tracking.sqlite_uri(workspace / "mlflow.db")
+    client = mlflow.tracking.MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("temp-exp").experiment_id])
+    assert len(runs) == 1
+    ran_in = Path(runs[0].data.tags["cwd"])
+    assert ran_in.is_relative_to((workspace / ".dvc" / "tmp" / "exps").resolve())
+    assert not ran_in.exists()  # DVC removed the copy; the run is still in the workspace
+
+
+def test_sync_mlflow_says_what_to_do_when_there_is_nothing_to_sync(tmp_path, monkeypatch, capsys):
+    from pipeline import cli
+
+    monkeypatch.delenv(tracking.TRACKING_URI_ENV, raising=False)
+    assert cli.main(["sync-mlflow", "--root", str(tmp_path)]) == 0
+    assert "no fallback store" in capsys.readouterr().out
+    fallback = tracking.fallback_uri(tmp_path)
+    Tracker.start(fallback, fallback, "e", "r").end()
+    # a store synced into itself is refused, saying where to point the sync...
+    assert cli.main(["sync-mlflow", "--root", str(tmp_path), "--to", fallback]) == 2
+    assert "MLFLOW_TRACKING_URI: source and target are the same store" in capsys.readouterr().err
+    # ...and a server that does not answer is named
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    dead = _closed_port_uri()
+    assert cli.main(["sync-mlflow", "--root", str(tmp_path), "--to", dead]) == 1
+    assert f"cannot sync into {dead}" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_moved_project_store_keeps_its_artifacts_and_models_beside_it(tmp_path):
+    from pipeline.serving import ServingSpec
+    from tests.test_serving import tiny_checkpoint
+
+    first = tmp_path / "first"
+    first.mkdir()
+    checkpoint, vocab = tiny_checkpoint(first)
+    uri = tracking.tracking_uri(first)
+    t = Tracker.start(uri, tracking.fallback_uri(first), "moving", "r")
+    t.log_text("before", "notes/before.txt")
+    version = t.log_pyfunc(
+        "moving-model", checkpoint=checkpoint, vocab=vocab, spec=ServingSpec("generate")
+    )
+    t.end()
+    moved = tmp_path / "moved"
+    first.rename(moved)  # `mv project elsewhere`
+    uri = tracking.tracking_uri(moved)
+    with pytest.warns(UserWarning, match="was moved or copied"):
+        again = Tracker.start(uri, tracking.fallback_uri(moved), "moving", "r2")
+    again.log_text("after", "notes/after.txt")
+    again.end()
+    assert not first.exists()  # nothing re-creates the old folder
+    client = mlflow.tracking.MlflowClient(uri)
+    for run_id, name in ((t.run_id, "before"), (again.run_id, "after")):
+        local = client.download_artifacts(run_id, f"notes/{name}.txt", str(tmp_path))
+        assert Path(local).read_text() == name
+        assert client.get_run(run_id).info.artifact_uri.startswith((moved / "mlartifacts").as_uri())
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"models:/moving-model/{version}")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert len(model.predict([{"history": ["hi there"]}])) == 1
+    assert not first.exists()

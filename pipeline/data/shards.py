@@ -18,6 +18,11 @@ pool instead of the candidates themselves: negatives are other examples' respons
 Files are uncompressed so readers map them without copying, written to a temporary name
 and renamed, and a function of the examples alone (same input, same bytes). The manifest
 is written last: a folder without one is incomplete.
+
+Readers check each shard's sha256 against the manifest before mapping it, once per process
+and file (``open_shard``): Arrow's own validation misses changed values (a garbled token id
+or length later asks torch for a 70 GB tensor, naming no file), a hash does not. It costs
+~0.5 s per GB read from the page cache (bench/RESULTS.md), paid once per stage.
 """
 
 from __future__ import annotations
@@ -279,11 +284,8 @@ def pool_record_batch(table: ExampleTable) -> pa.RecordBatch | None:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _write_batch(root: Path, path: Path, batch: pa.RecordBatch) -> ShardInfo:
@@ -390,7 +392,7 @@ class ShardTable(Sequence):
             pool = None
             if self.pool_info is not None:
                 path = self.root / self.pool_info.file
-                batches = open_shard(path, self.task, self.pool_info, _POOL)
+                batches = open_shard(path, self.task, self.pool_info, _POOL, self.manifest.corpus)
                 if len(batches) != 1:
                     raise DataError(path, "a candidate pool holds exactly one record batch")
                 pool = {
@@ -400,7 +402,9 @@ class ShardTable(Sequence):
             blocks = [
                 _table(batch, self.task, pool)
                 for info in self.infos
-                for batch in open_shard(self.root / info.file, self.task, info)
+                for batch in open_shard(
+                    self.root / info.file, self.task, info, _ROWS, self.manifest.corpus
+                )
             ]
             self._starts = [int(s) for s in np.cumsum([0] + [len(b) for b in blocks[:-1]])]
             self._blocks = blocks
@@ -441,9 +445,17 @@ class ShardTable(Sequence):
 
 
 def open_shard(
-    path: Path, task: Task, info: ShardInfo | None = None, table: bytes = _ROWS
+    path: Path,
+    task: Task,
+    info: ShardInfo | None = None,
+    table: bytes = _ROWS,
+    corpus: str | None = None,
 ) -> list[pa.RecordBatch]:
-    """Memory-map one shard; ``DataError`` naming ``path`` if it is missing or damaged."""
+    """Memory-map one shard; ``DataError`` naming ``path`` if it is missing or damaged.
+
+    With ``info`` (its manifest entry) its size and sha256 are checked first, the hash
+    once per process while the file is unchanged (``verify_shard``); ``corpus`` names the
+    tokenize stage to re-run in the error."""
     if not path.is_file():
         raise DataError(path, "shard missing; rerun the tokenize stage")
     size = path.stat().st_size
@@ -452,6 +464,8 @@ def open_shard(
             path, f"shard has {size} bytes, the manifest says {info.bytes} "
             "(truncated or overwritten); rerun the tokenize stage",
         )  # fmt: skip
+    if info is not None:
+        verify_shard(path, info, corpus)
     try:
         reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
@@ -472,12 +486,43 @@ def open_shard(
     return batches
 
 
+# Shards whose hash matched in this process, by (path, inode, size, mtime, expected hash):
+# a file replaced or rewritten since has another key and is hashed again.
+_VERIFIED: set[tuple[str, int, int, int, str]] = set()
+
+
+def _rebuild_hint(path: Path, info: ShardInfo, corpus: str | None) -> str:
+    root = path.parents[len(Path(info.file).parts) - 1]  # the tokenized corpus folder
+    name = corpus or root.name
+    return f"rebuild it: dvc repro -f tokenize@{name} (or delete {root} and run dvc repro)"
+
+
+def verify_shard(path: Path, info: ShardInfo, corpus: str | None = None) -> None:
+    """Check one shard's sha256 against its manifest entry, once per process while the file
+    is unchanged; a ``DataError`` names the file and the stage to re-run."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, info.sha256)
+    if key in _VERIFIED:
+        return
+    if _sha256(path) != info.sha256:
+        raise DataError(
+            path,
+            "sha256 differs from the manifest: the file changed after tokenize wrote it "
+            f"(a disk fault, or something wrote into it); {_rebuild_hint(path, info, corpus)}",
+        )
+    _VERIFIED.add(key)
+
+
 def verify_shards(root: str | Path) -> None:
-    """Check every shard's sha256 against the manifest (reads every byte)."""
+    """Check every shard's sha256 against the manifest (reads every byte, every call)."""
     root = Path(root)
     manifest = read_manifest(root)
     infos = [i for splits in manifest.shards.values() for files in splits.values() for i in files]
     for info in [*infos, *manifest.pools.values()]:
         path = root / info.file
         if not path.is_file() or _sha256(path) != info.sha256:
-            raise DataError(path, "checksum differs from the manifest; rerun tokenize")
+            raise DataError(
+                path,
+                "sha256 differs from the manifest (or the file is missing); "
+                + _rebuild_hint(path, info, manifest.corpus),
+            )

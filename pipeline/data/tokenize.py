@@ -9,8 +9,6 @@ the examples of each task the corpus's params ask for, and writes them with
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +40,7 @@ from pipeline.data.shards import (
 from pipeline.data.splits import Split
 from pipeline.data.vocab import build_vocab
 from pipeline.errors import ConfigError, DataError
+from pipeline.progress import Mode, Reporter
 
 SOURCES_FILE = "SOURCES.json"
 _ACT_CORPORA = frozenset({CorpusName.MULTIWOZ.value, "multiwoz21"})
@@ -111,26 +110,12 @@ def _sources(raw_dir: Path | None) -> Any:
         raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
 
 
-@contextmanager
-def _steps(total: int, show: bool) -> Iterator[Callable[[str], None]]:
-    """``advance(description)`` for each step, drawn as a rich progress bar if ``show``."""
-    if not show:
-        yield lambda _: None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=True) as bar:
-        job = bar.add_task("reading", total=total)
-        yield lambda description: bar.update(job, advance=1, description=description)
-
-
 def tokenize_corpus(
     name: str,
     raw_dir: str | Path | None,
     out_dir: str | Path,
     params: TokenizeParams | Params,
-    progress: bool = False,
+    progress: bool | Mode = False,
 ) -> Manifest:
     """Tokenize corpus ``name`` from ``raw_dir`` into ``out_dir`` (see ``shards.py``).
 
@@ -138,7 +123,9 @@ def tokenize_corpus(
     inventory come from the training split only; every split gets the examples of every
     task in ``tokenize.corpora.<name>.tasks``. Malformed records raise, or are skipped and
     counted with ``tokenize.on_error: skip``. ``raw_dir`` may be None (or missing) for a
-    corpus shipped in a package (chitchat).
+    corpus shipped in a package (chitchat). ``progress``: a line per step (reading,
+    vocabulary, each split's encoding and each task's examples), or a bar on a terminal
+    (``pipeline.progress``).
     """
     if isinstance(params, Params):
         params = params.tokenize
@@ -154,13 +141,26 @@ def tokenize_corpus(
     (out / MANIFEST_FILE).unlink(missing_ok=True)  # an interrupted run leaves no manifest
     tasks = tuple(dict.fromkeys(corpus.tasks))
     stats = ParseStats()
-    with _steps(2 + len(Split) * len(tasks), progress) as advance:
+    bar = Reporter(
+        f"tokenize {name}",
+        2 + len(Split) * (1 + len(tasks)),
+        show=progress,
+        every_s=0,  # a line per step: a dozen at most, each long on a large corpus
+        info="reading the corpus",
+    )
+
+    def advance(next_step: str) -> None:
+        bar.update(info=next_step)
+        bar.advance()
+
+    with bar:
         by_split = read_splits(name, raw, params, stats)
+        bar.update(total=2 + len(by_split) * (1 + len(tasks)))
         train = by_split.get(TRAIN_SPLIT, [])
         if not train:
             where = raw if raw is not None else name
             raise DataError(where, "no training dialogues: the vocabulary is built from train")
-        advance("vocabulary")
+        advance("building the vocabulary")
         options = encode_options(name, corpus, train)
         reserved = (
             options.inventory.placeholders if options.delexicalize and options.inventory else ()
@@ -172,11 +172,11 @@ def tokenize_corpus(
         shards: dict[str, dict[str, list[ShardInfo]]] = {t.value: {} for t in tasks}
         pools: dict[str, ShardInfo] = {}
         for split, dialogues in by_split.items():
-            advance(f"encoding {split}")
+            advance(f"encoding {split} ({len(dialogues):,} dialogues)")
             encoded = encode_dialogues(dialogues, vocab, options)
             generated = None
             for task in sorted(tasks, key=list(Task).index):  # generate first: select reuses it
-                advance(f"{task.value} {split}")
+                advance(f"{task.value} examples of {split}")
                 try:
                     examples = build_examples(task, encoded, corpus, split, generated)
                 except ConfigError as err:
@@ -187,6 +187,7 @@ def tokenize_corpus(
                 shards[task.value][split] = files.shards
                 if files.pool is not None:
                     pools[split] = files.pool
+        advance("")  # the last step done: the reporter's final line says so
     for stale in Task:
         if stale not in tasks:
             for path in (out / stale.value).glob("*.arrow"):

@@ -1,10 +1,13 @@
 """The evaluate stage's logic: every trained seed of a run, scored on the test split.
 
 ``evaluate_run`` reads ``data/train/<model>-<corpus>/manifest.json`` (one entry per seed),
-loads each seed's exported weights and writes ``data/eval/<model>-<corpus>/``:
+loads each seed's exported weights and writes ``metrics/<model>-<corpus>.json`` and
+``data/eval/<model>-<corpus>/``:
 
-- ``metrics.json``: flat ``{metric: value}``; with several seeds each value is the mean
-  over seeds and ``<metric>_ci95`` the half-width of its 95% Student-t interval;
+- ``metrics/<key>.json``: flat ``{metric: value}``; with several seeds each value is the
+  mean over seeds and ``<metric>_ci95`` the half-width of its 95% Student-t interval. It
+  lies outside the git-ignored ``data/`` so that git (and so every commit and DVC
+  experiment) holds it: DVC's convention for metrics (``cache: false`` in dvc.yaml);
 - ``seeds.json``: every seed's own metrics;
 - ``per_example.jsonl``: one row per test example per seed (``seed``, ``id`` =
   ``<dialogue id>#<turn>``, ``nll_sum``, ``n_tokens``, ``history_tokens``; generate:
@@ -58,11 +61,12 @@ from pipeline.errors import DataError
 from pipeline.eval import ranking, stats, text
 from pipeline.eval.embeddings import load_vectors, train_word2vec
 from pipeline.eval.perplexity import example_nll, history_tokens, perplexity
+from pipeline.progress import Mode, Reporter
 
 TEST_SPLIT = "test"
 TRAIN_SPLIT = "train"
 TRAIN_MANIFEST = "manifest.json"
-METRICS_FILE = "metrics.json"
+METRICS_DIR = "metrics"  # metrics/<key>.json, tracked by git (module docstring)
 SEEDS_FILE = "seeds.json"
 PER_EXAMPLE_FILE = "per_example.jsonl"
 SAMPLES_FILE = "samples.md"
@@ -190,17 +194,28 @@ def word_vectors(settings: EvaluateParams, shards: Path, vocab: Vocab) -> text.V
     )
 
 
+def n_test_batches(dataset: ExampleDataset, batch_size: int, max_batches: int | None) -> int:
+    """How many batches :func:`test_batches` yields."""
+    n = math.ceil(len(dataset) / batch_size)
+    return n if max_batches is None else min(n, max_batches)
+
+
 def test_batches(
-    dataset: ExampleDataset, batch_size: int, max_batches: int | None
+    dataset: ExampleDataset,
+    batch_size: int,
+    max_batches: int | None,
+    bar: Reporter | None = None,
 ) -> Iterator[tuple[list[Example], Any]]:
     """The test examples in file order (so every model sees them identically), with their
-    collated batch; at most ``max_batches`` batches."""
+    collated batch; at most ``max_batches`` batches. ``bar`` advances as each is done."""
     n = len(dataset)
     for b, start in enumerate(range(0, n, batch_size)):
         if max_batches is not None and b >= max_batches:
             return
         examples = [dataset[i] for i in range(start, min(start + batch_size, n))]
         yield examples, dataset.collate(examples)
+        if bar is not None:  # the caller is done with this batch
+            bar.advance()
 
 
 def example_id(example: Example) -> str:
@@ -236,10 +251,12 @@ def evaluate_generate(
     vectors: text.Vectors,
     device: torch.device,
     multiwoz: Any = None,
+    bar: Reporter | None = None,
 ) -> SeedResult:
     """Teacher-forced NLL and the decoded responses' metrics of one generate model.
 
-    ``multiwoz``: ``(test dialogues, MultiWozDB)`` to add Inform/Success/Entity-F1.
+    ``multiwoz``: ``(test dialogues, MultiWozDB)`` to add Inform/Success/Entity-F1;
+    ``bar``: progress over the batches, naming the decoding under way.
     """
     from pipeline.decode import generate
 
@@ -248,7 +265,7 @@ def evaluate_generate(
     configs = {d.suffix: decode_config(d, max_length) for d in decodes}
     got = _Collected()
     samples: list[str] = []
-    for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches):
+    for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches, bar):
         batch = batch.to(device)
         nll = example_nll(model, batch)
         got.ids += [example_id(e) for e in examples]
@@ -259,6 +276,8 @@ def evaluate_generate(
         got.add("reference", refs)
         hyps_by_suffix = {}
         for suffix, config in configs.items():
+            if bar is not None and len(configs) > 1:
+                bar.update(info=f"decoding {suffix.lstrip('_') or 'greedy'}")
             out = generate(model, batch, config)
             hyps = [
                 text.strip_special(vocab.decode(row[:n].tolist()))
@@ -346,7 +365,11 @@ def multiwoz_metrics(
 
 
 def evaluate_select(
-    model: nn.Module, dataset: ExampleDataset, settings: EvalSettings, device: torch.device
+    model: nn.Module,
+    dataset: ExampleDataset,
+    settings: EvalSettings,
+    device: torch.device,
+    bar: Reporter | None = None,
 ) -> SeedResult:
     """Recall@k and MRR of one selection model; per example the BCE over its real
     candidates (``nll_sum``, ``n_tokens`` = 1) and the rank of the first correct one."""
@@ -354,7 +377,7 @@ def evaluate_select(
     got = _Collected()
     ranks: list[torch.Tensor] = []
     with torch.no_grad():
-        for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches):
+        for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches, bar):
             batch: SelectBatch = batch.to(device)
             real = batch.candidate_mask.any(-1)
             scores = model.score(batch).float().masked_fill(~real, float("-inf"))
@@ -379,13 +402,17 @@ def evaluate_select(
 
 
 def evaluate_lm(
-    model: nn.Module, dataset: ExampleDataset, settings: EvalSettings, device: torch.device
+    model: nn.Module,
+    dataset: ExampleDataset,
+    settings: EvalSettings,
+    device: torch.device,
+    bar: Reporter | None = None,
 ) -> SeedResult:
     """Test loss and perplexity of one language model (``history_tokens`` = the
     document's tokens)."""
     ev = settings.evaluate
     got = _Collected()
-    for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches):
+    for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches, bar):
         batch: LMBatch = batch.to(device)
         nll = example_nll(model, batch)
         got.ids += [example_id(e) for e in examples]
@@ -443,6 +470,11 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def metrics_path(root: Path, key: str) -> Path:
+    """Where the evaluate stage writes run ``key``'s aggregated metrics (module docstring)."""
+    return root / METRICS_DIR / f"{key}.json"
+
+
 def _write_json(path: Path, content: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(_json_safe(content), indent=2, sort_keys=True) + "\n")
@@ -465,7 +497,7 @@ def _log_to_mlflow(seed: TrainedSeed, metrics: dict[str, float], samples: Path, 
     if not info or not info.get("run_id"):
         return
     ref = tracking.RunRef(
-        info["tracking_uri"],
+        tracking.resolve_uri(info["tracking_uri"], root),  # manifests keep it relative
         info["run_id"],
         info["experiment"],
         seed.run_name,
@@ -479,10 +511,15 @@ def _log_to_mlflow(seed: TrainedSeed, metrics: dict[str, float], samples: Path, 
 
 
 def evaluate_run(
-    settings: EvalSettings, model_name: str, corpus: str, root: str | Path = "."
+    settings: EvalSettings,
+    model_name: str,
+    corpus: str,
+    root: str | Path = ".",
+    progress: bool | Mode = False,
 ) -> dict[str, float]:
-    """Evaluate every seed of ``<model>-<corpus>``; writes ``data/eval/<key>/`` (module
-    docstring) and returns the aggregated metrics."""
+    """Evaluate every seed of ``<model>-<corpus>``; writes ``metrics/<key>.json`` and
+    ``data/eval/<key>/`` (module docstring) and returns the aggregated metrics.
+    ``progress``: per seed, the test batches done of the total (``pipeline.progress``)."""
     from pipeline.config import run_key
     from pipeline.models import registry
 
@@ -506,17 +543,25 @@ def evaluate_run(
     per_seed: list[dict[str, Any]] = []
     samples_text = ""
     with (out / PER_EXAMPLE_FILE).open("w") as rows_file:
+        ev = settings.evaluate
         for seed in seeds:
             model = load_model(seed.checkpoint, device)
-            with torch.no_grad():
+            bar = Reporter(
+                f"evaluate {key}" + (f" (seed {seed.seed})" if seed.seed is not None else ""),
+                n_test_batches(dataset, ev.batch_size, ev.max_batches),
+                unit="batch",
+                units="batches",
+                show=progress,
+            )
+            with torch.no_grad(), bar:
                 if task.value == Task.GENERATE:
                     result = evaluate_generate(
-                        model, dataset, vocab, settings, decodes, vectors, device, multiwoz
+                        model, dataset, vocab, settings, decodes, vectors, device, multiwoz, bar
                     )
                 elif task.value == Task.SELECT:
-                    result = evaluate_select(model, dataset, settings, device)
+                    result = evaluate_select(model, dataset, settings, device, bar)
                 else:
-                    result = evaluate_lm(model, dataset, settings, device)
+                    result = evaluate_lm(model, dataset, settings, device, bar)
             for row in result.rows:
                 rows_file.write(json.dumps(_json_safe({**row, "seed": seed.seed})) + "\n")
             if not samples_text:
@@ -530,7 +575,9 @@ def evaluate_run(
                 _log_to_mlflow(seed, result.metrics, seed_samples, root)
     metrics = aggregate([s["metrics"] for s in per_seed])
     _write_json(out / SEEDS_FILE, {"model": model_name, "corpus": corpus, "seeds": per_seed})
-    _write_json(out / METRICS_FILE, metrics)
+    metrics_file = metrics_path(root, key)
+    metrics_file.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(metrics_file, metrics)
     return metrics
 
 

@@ -1,7 +1,8 @@
 """Assemble ``reports/``: ``report.md`` (overview, paper-shaped tables, figures),
-``tables.json``, the PNG figures and ``curves/<run>.csv`` (validation loss per step, for
-``dvc plots show``); log the same as artifacts of a run in the MLflow experiment
-``<prefix>/report``.
+``tables.json`` and the PNG figures; ``plots/valid_loss.csv`` (validation loss per step of
+every run, for ``dvc plots show``: git-tracked like the metrics, so each commit and DVC
+experiment holds its curves); log the report as artifacts of a run in the MLflow
+experiment ``<prefix>/report``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pipeline.config import Params, Task
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.models.unet import UNetConfig
 from pipeline.report import plots
+from pipeline.report.references import unigram_references
 from pipeline.report.results import RunResult, load_results
 from pipeline.report.tables import (
     Table,
@@ -30,8 +32,11 @@ from pipeline.report.tables import (
 
 REPORT_FILE = "report.md"
 TABLES_FILE = "tables.json"
-CURVES_DIR = "curves"
 VALID_LOSS_KEY = "valid_loss"  # what the train loop logs at each evaluation
+# dvc.yaml's `plots:` reads this file with the .dvc/plots/by_run.json template: one panel
+# and one line per value of RUN_COLUMN.
+CURVES_FILE = Path("plots") / f"{VALID_LOSS_KEY}.csv"
+RUN_COLUMN = "run"
 UNET_FAMILY = ("unet", "unet_linear", "unet_per_layer_att", "transformer_skip_conv")
 MASK_SPLIT = "test"
 
@@ -78,12 +83,19 @@ def read_curves(run: RunResult) -> list[plots.Curve]:
     return curves
 
 
-def write_curve_csv(curve: plots.Curve, path: Path) -> Path:
+def write_curves_csv(curves: list[plots.Curve], path: Path) -> Path:
+    """Every curve in one long table ``step,valid_loss,run`` (``run``: the curve's label,
+    ``<run>`` or ``<run>-seed<i>``), so that DVC names each panel and line after its run;
+    only the header when no run has a history (a DVC output must exist)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["step", VALID_LOSS_KEY])
-        writer.writerows(zip(curve.steps, curve.values, strict=True))
+        writer.writerow(["step", VALID_LOSS_KEY, RUN_COLUMN])
+        for curve in curves:
+            for step, value in zip(curve.steps, curve.values, strict=True):
+                writer.writerow([step, value, curve.key])
+    tmp.replace(path)
     return path
 
 
@@ -136,8 +148,7 @@ def unet_configs(runs: list[RunResult], vocab_size: int = 20000) -> list[tuple[s
 
 def make_figures(params: Params, root: Path, out: Path, runs: list[RunResult]) -> Figures:
     curves = [c for r in runs for c in read_curves(r)]
-    for curve in curves:
-        write_curve_csv(curve, out / CURVES_DIR / f"{curve.key}.csv")
+    write_curves_csv(curves, root / CURVES_FILE)
     generate = [r for r in runs if r.task == Task.GENERATE.value]
     example = mask_example(params, root)
     return Figures(
@@ -187,8 +198,12 @@ def render(
         "Cells: mean ± 95% confidence half-width over seeds (Student t; no interval with "
         "one seed). ▲/▼: significantly better/worse than the table's baseline (paired "
         f"bootstrap over test examples, {n_samples} samples, p < 0.05; perplexity from "
-        "per-example "
-        "NLL sums, BLEU from sacrebleu statistics, R@k and MRR from ranks).",
+        "per-example NLL sums, BLEU from sacrebleu statistics, R@k and MRR from ranks). "
+        + significance_scope(seeds),
+        "",
+        "Perplexity tables end with a `unigram` row: the training split's token "
+        "frequencies (add-one smoothed) scored on the same test tokens. A model at or above "
+        "it has learnt nothing beyond word frequencies.",
         "",
     ]
     corpus = None
@@ -203,7 +218,8 @@ def render(
             "Learning curves",
             figures.learning_curves,
             out,
-            "Validation loss at each evaluation (from MLflow); data in `curves/*.csv`.",
+            f"Validation loss at each evaluation (from MLflow); data in `{CURVES_FILE}` "
+            "(`dvc plots show`, `dvc plots diff`).",
         ),
         _figure_md(
             "Headline metrics",
@@ -231,6 +247,21 @@ def render(
         ),
     ]
     return "\n".join(parts).rstrip() + "\n"
+
+
+def significance_scope(seeds: list[int]) -> str:
+    """What the ▲/▼ markers test, given the numbers of seeds the runs have."""
+    if not seeds or max(seeds) < 2:
+        return (
+            "**With one seed per run the test covers test-set sampling only, not training "
+            "randomness:** a marker says these two trained models differ on this test set; "
+            "another seed may reverse it (`train.defaults.seeds` >= 3 tests that too)."
+        )
+    return (
+        "Where both runs have at least two seeds, a marker also needs the difference to "
+        "exceed seed-to-seed variation (Welch's t-test on the per-seed scores, p < 0.05); "
+        "a difference within it is left unmarked."
+    )
 
 
 def _bleu_tokenizers(params: Params) -> dict[str, str]:
@@ -281,7 +312,8 @@ def build_report(params: Params, root: str | Path = ".", seed: int = 0) -> Repor
     n_samples = params.evaluate.bootstrap_samples
     out = root / "reports"
     runs = load_results(params, root)
-    tables = build_tables(runs, n_samples, seed, _bleu_tokenizers(params))
+    references = unigram_references(runs, root / "data" / "shards")
+    tables = build_tables(runs, n_samples, seed, _bleu_tokenizers(params), references)
     figures = make_figures(params, root, out, runs)
     path = out / REPORT_FILE
     path.write_text(render(runs, tables, figures, out, n_samples))

@@ -1,7 +1,8 @@
 """What the report reads: per run, the evaluate stage's outputs and the train manifest.
 
-- ``data/eval/<key>/metrics.json``: flat ``{metric: value}``; with several seeds a value
-  is the mean over seeds and ``<metric>_ci95`` the half-width of its 95% interval.
+- ``metrics/<key>.json`` (git-tracked, ``pipeline.eval.evaluate.metrics_path``): flat
+  ``{metric: value}``; with several seeds a value is the mean over seeds and
+  ``<metric>_ci95`` the half-width of its 95% interval.
 - ``data/eval/<key>/per_example.jsonl``: one row per test example and seed (``seed``,
   ``id``, ``nll_sum``, ``n_tokens``, ``history_tokens``; generate runs add ``hypothesis``,
   ``reference`` and maybe ``hypothesis_beam5``; select runs add ``rank``).
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline import tracking
 from pipeline.config import Params
 from pipeline.errors import DataError
+from pipeline.eval.evaluate import metrics_path as eval_metrics_path
 from pipeline.eval.stats import mean_ci
 from pipeline.models import registry
 
-METRICS_FILE = "metrics.json"
 EXAMPLES_FILE = "per_example.jsonl"
 MANIFEST_FILE = "manifest.json"
 CI_SUFFIX = "_ci95"
@@ -213,7 +215,9 @@ def read_trained(root: Path, train: Path) -> tuple[TrainedSeed, ...]:
                 seed=entry.get("seed"),
                 checkpoint=checkpoint if checkpoint.is_absolute() else root / checkpoint,
                 metrics={k: _number(v) for k, v in (entry.get("metrics") or {}).items()},
-                mlflow_uri=mlflow.get("tracking_uri"),
+                mlflow_uri=tracking.resolve_uri(mlflow["tracking_uri"], root)
+                if mlflow.get("tracking_uri")
+                else None,
                 mlflow_run_id=mlflow.get("run_id"),
             )
         )
@@ -223,7 +227,7 @@ def read_trained(root: Path, train: Path) -> tuple[TrainedSeed, ...]:
 def load_run(root: Path, run: ExpectedRun) -> RunResult:
     """Read one run's eval outputs and train manifest."""
     evals = eval_dir(root, run.key)
-    metrics_path = evals / METRICS_FILE
+    metrics_path = eval_metrics_path(root, run.key)
     metrics = _read_json(metrics_path)
     bad = [k for k, v in metrics.items() if v is not None and not isinstance(v, int | float)]
     if bad:

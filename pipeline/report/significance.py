@@ -15,6 +15,13 @@ statistic, the resampling unit is the test example, as in Koehn 2004). Per metri
 ``compare`` runs ``stats.paired_bootstrap`` in both directions with the same seed (the same
 resampled test sets): ``p_better`` is the p-value of "the run beats the baseline",
 ``p_worse`` of "the baseline beats the run".
+
+What the bootstrap cannot see is training randomness: it resamples the test set of fixed
+trained models. With one seed per run a marker therefore says only "on this test set,
+these two trained models differ" (the report's caption says so). With at least two seeds
+on both sides, ``compare`` also scores every seed on its own and runs Welch's t-test on the
+per-seed scores (``p_seeds``); a difference within seed-to-seed variation (``p_seeds >=
+0.05``) gets no marker, however small the bootstrap's p-value.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 from pipeline.eval import text
 from pipeline.eval.stats import paired_bootstrap
@@ -46,9 +54,16 @@ class Comparison:
     p_worse: float
     n_examples: int
     n_samples: int
+    p_seeds: float | None = None  # Welch's t over per-seed scores; None: < 2 seeds a side
+
+    @property
+    def within_seed_variation(self) -> bool:
+        return self.p_seeds is not None and not self.p_seeds < ALPHA
 
     @property
     def marker(self) -> str:
+        if self.within_seed_variation:
+            return ""
         if self.p_better < ALPHA:
             return BETTER
         if self.p_worse < ALPHA:
@@ -152,4 +167,35 @@ def compare(
     b = example_stats(baseline, metric, ids, bleu_tokenize)
     better = paired_bootstrap(score, a, b, n=n_samples, seed=seed)
     worse = paired_bootstrap(score, b, a, n=n_samples, seed=seed)
-    return Comparison(metric, better.p_value, worse.p_value, len(ids), n_samples)
+    p_seeds = seed_test(run, baseline, metric, ids, bleu_tokenize)
+    return Comparison(metric, better.p_value, worse.p_value, len(ids), n_samples, p_seeds)
+
+
+def seed_scores(
+    run: RunResult, metric: str, ids: list[str], bleu_tokenize: str = text.DEFAULT_TOKENIZE
+) -> list[float]:
+    """``metric`` of each seed of ``run`` on its own over ``ids`` (higher is better)."""
+    rows_fn, score = _statistic(metric, bleu_tokenize)
+    scores = []
+    for seed in run.seeds:
+        grouped = _by_id(tuple(r for r in run.examples if r.seed == seed))
+        scores.append(score(np.stack([rows_fn(grouped[i]) for i in ids]), None))
+    return scores
+
+
+def seed_test(
+    run: RunResult,
+    baseline: RunResult,
+    metric: str,
+    ids: list[str],
+    bleu_tokenize: str = text.DEFAULT_TOKENIZE,
+) -> float | None:
+    """Two-sided p-value of Welch's t-test between the per-seed scores of the two runs;
+    None unless both have at least two seeds."""
+    if len(run.seeds) < 2 or len(baseline.seeds) < 2:
+        return None
+    a = seed_scores(run, metric, ids, bleu_tokenize)
+    b = seed_scores(baseline, metric, ids, bleu_tokenize)
+    if np.ptp(a) == 0 and np.ptp(b) == 0:  # no seed variation at all: the t-test is undefined
+        return 0.0 if a[0] != b[0] else 1.0
+    return float(scipy_stats.ttest_ind(a, b, equal_var=False).pvalue)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from pipeline.eval.text import DEFAULT_TOKENIZE
-from pipeline.report.results import Estimate, RunResult
+from pipeline.report.results import CI_SUFFIX, Estimate, RunResult
 from pipeline.report.significance import TESTED_METRICS, Comparison, NotComparable, compare
 
 
@@ -75,6 +75,8 @@ class TableSpec:
     baseline: str
 
 
+CHATEVAL_TITLE = "U-Net Transformer, Tables 4-5: ChatEval metrics ({decoding})"
+CHATEVAL_METRICS = (AVG_LENGTH, DISTINCT_1, DISTINCT_2, EMB_AVERAGE, EMB_EXTREMA, EMB_GREEDY)
 UNET_BASELINES = ("s2sa", "hred", "vhred", "vhcr", "transformer", "adj_transformer")
 UNET_MODELS = (*UNET_BASELINES, "unet_linear", "unet_per_layer_att", "unet")
 HIER_MODELS = ("hred", "transformer", "set", "mat", "hier_cls", "hier", "set_pp", "hier_pp")
@@ -95,10 +97,10 @@ SPECS = (
         "transformer",
     ),
     TableSpec(
-        "U-Net Transformer, Tables 4-5: ChatEval metrics (greedy decoding)",
+        CHATEVAL_TITLE.format(decoding="greedy decoding"),
         "generate",
         None,
-        (AVG_LENGTH, DISTINCT_1, DISTINCT_2, EMB_AVERAGE, EMB_EXTREMA, EMB_GREEDY),
+        CHATEVAL_METRICS,
         "transformer",
     ),
     TableSpec(
@@ -152,6 +154,28 @@ class Row:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """A row that is no trained run (the unigram baseline): its values by metric key,
+    for the tables of ``task`` on ``corpus``; ``note`` is printed under each such table."""
+
+    name: str
+    corpus: str
+    task: str
+    values: dict[str, float]
+    note: str | None = None
+
+    def row(self, columns: tuple[Metric, ...]) -> Row | None:
+        """Its row in a table of ``columns`` (None if it has none of them)."""
+        if not any(m.key in self.values for m in columns):
+            return None
+        cells = tuple(
+            Cell(Estimate(self.values[m.key], math.nan) if m.key in self.values else None)
+            for m in columns
+        )
+        return Row(self.name, self.name, cells)
+
+
+@dataclass(frozen=True)
 class Table:
     title: str
     corpus: str
@@ -174,8 +198,10 @@ def build_table(
     n_samples: int = 1000,
     seed: int = 0,
     bleu_tokenize: str = DEFAULT_TOKENIZE,
+    references: tuple[Reference, ...] = (),
 ) -> Table | None:
-    """``spec`` for the runs on ``corpus`` (None if none of its models ran there)."""
+    """``spec`` for the runs on ``corpus`` (None if none of its models ran there), with
+    the ``references`` of its corpus and task as last rows."""
     chosen = [
         r
         for r in runs
@@ -214,6 +240,11 @@ def build_table(
                     notes.append(f"{run.key} vs {baseline.key}, {metric.label}: {why}.")
             cells.append(Cell(run.estimate(metric.key), comparison))
         rows.append(Row(run.key, run.model, tuple(cells)))
+    for reference in references:
+        row = reference.row(columns)
+        if reference.corpus == corpus and reference.task == spec.task and row is not None:
+            rows.append(row)
+            notes += [reference.note] if reference.note else []
     return Table(
         spec.title,
         corpus,
@@ -224,20 +255,50 @@ def build_table(
     )
 
 
+def decode_specs(runs: list[RunResult]) -> tuple[TableSpec, ...]:
+    """A ChatEval table for each further decoding the runs were evaluated with
+    (``evaluate.decodes``: metrics ``distinct_2_topp0.9``, ``distinct_2_beam5``, ...)."""
+    prefix = DISTINCT_2.key
+    suffixes = sorted(
+        {
+            k.removeprefix(prefix)
+            for r in runs
+            for k in r.metrics
+            if k.startswith(f"{prefix}_") and not k.endswith(CI_SUFFIX)
+        }
+    )
+    return tuple(
+        TableSpec(
+            CHATEVAL_TITLE.format(decoding=f"decoding {suffix.lstrip('_')}"),
+            "generate",
+            None,
+            tuple(
+                Metric(f"{m.key}{suffix}", m.label, m.digits, m.better) for m in CHATEVAL_METRICS
+            ),
+            "transformer",
+        )
+        for suffix in suffixes
+    )
+
+
 def build_tables(
     runs: list[RunResult],
     n_samples: int = 1000,
     seed: int = 0,
     bleu_tokenize: dict[str, str] | None = None,
+    references: tuple[Reference, ...] = (),
 ) -> list[Table]:
     """Every paper table that has runs, per corpus (corpora in order of first run).
-    ``bleu_tokenize`` maps a corpus to its sacrebleu tokenizer (default ``13a``)."""
+    ``bleu_tokenize`` maps a corpus to its sacrebleu tokenizer (default ``13a``);
+    ``references`` are appended to the tables of their corpus and task."""
     corpora = list(dict.fromkeys(r.corpus for r in runs))
+    chateval = next(i for i, spec in enumerate(SPECS) if spec.metrics == CHATEVAL_METRICS)
+    specs = (*SPECS[: chateval + 1], *decode_specs(runs), *SPECS[chateval + 1 :])
     tables = []
     for corpus in corpora:
         tokenize = (bleu_tokenize or {}).get(corpus, DEFAULT_TOKENIZE)
-        for spec in SPECS:
-            table = build_table(spec, corpus, runs, n_samples, seed, tokenize)
+        for spec in specs:
+            table = build_table(spec, corpus, runs, n_samples, seed, tokenize, references)
             if table is not None:
                 tables.append(table)
     return tables

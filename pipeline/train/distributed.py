@@ -227,6 +227,26 @@ def trainer(job: TrainJob, scale: ScaleParams, storage: str, callbacks: list | N
     )
 
 
+def has_checkpoint(name: str, scale: ScaleParams, storage: str) -> bool:
+    """Whether :func:`fit` of the job ``name`` will resume from a checkpoint (and so
+    continue an earlier run's history) rather than start from step 0."""
+    if scale.num_workers == 0:
+        return (Path(storage) / name / CHECKPOINT_FILE).is_file()
+    import pyarrow.fs
+
+    fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    run = f"{root.rstrip('/')}/{name}"
+    if fs.get_file_info(run).type != pyarrow.fs.FileType.Directory:
+        return False
+    # Ray Train names the folders of reported checkpoints checkpoint_<time>
+    folders = [
+        entry.path
+        for entry in fs.get_file_info(pyarrow.fs.FileSelector(run))
+        if entry.base_name.startswith("checkpoint_") and entry.type == pyarrow.fs.FileType.Directory
+    ]
+    return any(fs.get_file_info(f"{folder}/{CHECKPOINT_FILE}").is_file for folder in folders)
+
+
 def fit(job: TrainJob, scale: ScaleParams, storage: str) -> FitResult:
     """Train ``job`` to the end (resuming if its run already has a checkpoint)."""
     if scale.num_workers == 0:

@@ -9,6 +9,11 @@ checkpoint, and stop early when the validation loss has not improved for ``patie
 evaluations. Nothing in a step waits for the device: batches are copied one ahead
 (:func:`to_device`) and the train metrics stay on the device until they are logged.
 
+Progress (rank 0, ``TrainJob.show_progress``): a bar over the run's steps on a terminal,
+a line every ``progress.REPORT_EVERY_S`` seconds and one per validation in a log
+(``pipeline.progress``). Its train loss is the one read back at ``log_every`` for the
+metrics, so progress adds no host sync to a step.
+
 Determinism: worker ``r`` seeds ``seed + r``; a checkpoint holds every rank's RNG state and
 the number of batches of the epoch already consumed, so a run resumed from any checkpoint
 makes exactly the updates the uninterrupted run made.
@@ -36,6 +41,7 @@ from torch import Tensor, nn
 from pipeline.config import Precision, RunParams
 from pipeline.data.batch import Batch
 from pipeline.models.base import LossOutput, TaskKind
+from pipeline.progress import Mode, Reporter
 from pipeline.train.checkpoint import (
     CHECKPOINT_FILE,
     Progress,
@@ -117,7 +123,8 @@ class TrainJob:
 
     ``name`` identifies the run (the Ray run name; the local checkpoint folder under
     ``run_dir``). ``model_name`` is stored in checkpoints beside the config so a checkpoint
-    rebuilds its model through the registry.
+    rebuilds its model through the registry. ``label`` names the run in progress lines
+    (default ``train <name>``); ``show_progress: False`` prints none.
     """
 
     name: str
@@ -128,6 +135,7 @@ class TrainJob:
     run_dir: str
     sink: Callable[[], MetricSink | None] | None = None
     show_progress: bool = True
+    label: str = ""
 
 
 @dataclass
@@ -207,6 +215,8 @@ class _Run:
         self.dtype = autocast_dtype(self.p.precision, ctx.device)
         self.sink = job.sink() if (job.sink is not None and ctx.rank == 0) else None
         self._window = _Window()
+        self.bar = Reporter(job.label or f"train {job.name}", show=False)  # run() replaces it
+        self._loss_info = ""  # the last logged train loss, as progress shows it
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -285,17 +295,22 @@ class _Run:
         prog.step += 1
         prog.batch_in_epoch += 1
         # Only rank 0 logs: other ranks skip the accumulation and its kernels altogether.
-        if self.sink is not None:
+        if self.sink is not None or self.bar.mode != Mode.OFF:
             self._window.add(out, grad_norm, lr, batch.batch_size)
             if prog.step % p.log_every == 0:
-                self.sink.log_metrics(self._window.flush(self.task), prog.step)
+                metrics = self._window.flush(self.task)
+                if self.sink is not None:
+                    self.sink.log_metrics(metrics, prog.step)
+                self._loss_info = f"loss {metrics['train_loss']:.4g}"
+                self._show_info()
 
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
         self.raw.eval()
         totals = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
         self.valid_data.set_epoch(0)
-        batches = itertools.islice(self.valid_data.iter_from(0), self.p.max_batches_per_epoch)
+        limit = self.p.max_eval_batches or self.p.max_batches_per_epoch
+        batches = itertools.islice(self.valid_data.iter_from(0), limit)
         for batch in to_device(batches, self.ctx.device):
             with self.autocast():
                 out = self.raw.loss(batch)
@@ -310,12 +325,15 @@ class _Run:
         prog = self.progress
         prog.last_eval_step = prog.step
         self.last_eval = result.metrics(self.task)
-        if result.loss < prog.best_loss - self.p.min_delta:
+        improved = result.loss < prog.best_loss - self.p.min_delta
+        if improved:
             prog.best_loss, prog.best_step, prog.bad_evals = result.loss, prog.step, 0
             if self.ctx.rank == 0:
                 self.best_state = cpu_state(self.raw.state_dict())
         else:
             prog.bad_evals += 1
+        best = "best" if improved else f"best {prog.best_loss:.4g} at step {prog.best_step}"
+        self.bar.note(f"step {prog.step}, valid loss {result.loss:.4g} ({best})")
         self.last_eval["best_valid_loss"] = prog.best_loss
         if self.sink is not None:
             self.sink.log_metrics({**self.last_eval, "epoch": float(prog.epoch)}, prog.step)
@@ -340,27 +358,25 @@ class _Run:
             n_batches = min(n_batches, p.max_batches_per_epoch)
         if n_batches == 0:
             raise RuntimeError("the training split yields no batches on this rank")
-        bar = _bar(self.ctx.rank == 0 and self.job.show_progress, prog.epoch, n_batches)
         # Cut the epoch at the source so that the prefetcher collates no batch past its end.
         todo = itertools.islice(
             self.train_data.iter_from(prog.batch_in_epoch),
             max(n_batches - prog.batch_in_epoch, 0),
         )
-        with bar:
-            bar.advance(prog.batch_in_epoch)
-            for batch in to_device(todo, self.ctx.device):
-                self.train_step(batch)
-                bar.advance(1)
-                if p.eval_every is not None and prog.step % p.eval_every == 0:
-                    self.after_eval(self.evaluate())
-                    if not prog.finished:
-                        self.publish(with_checkpoint=False)
-                if p.max_steps is not None and prog.step >= p.max_steps:
-                    self.stop("max_steps")
-                if prog.finished:
-                    return
-                if p.checkpoint_every is not None and prog.step % p.checkpoint_every == 0:
-                    self.publish(with_checkpoint=True)
+        self._show_info()
+        for batch in to_device(todo, self.ctx.device):
+            self.train_step(batch)
+            self.bar.advance(1)
+            if p.eval_every is not None and prog.step % p.eval_every == 0:
+                self.after_eval(self.evaluate())
+                if not prog.finished:
+                    self.publish(with_checkpoint=False)
+            if p.max_steps is not None and prog.step >= p.max_steps:
+                self.stop("max_steps")
+            if prog.finished:
+                return
+            if p.checkpoint_every is not None and prog.step % p.checkpoint_every == 0:
+                self.publish(with_checkpoint=True)
         prog.epoch += 1
         prog.batch_in_epoch = 0
         self.evaluate_if_new()
@@ -369,16 +385,37 @@ class _Run:
         if not prog.finished:
             self.publish(with_checkpoint=True)
 
+    def _show_info(self) -> None:
+        epoch = f"epoch {self.progress.epoch + 1}/{self.p.epochs}" if self.p.epochs > 1 else ""
+        self.bar.update(info=", ".join(part for part in (epoch, self._loss_info) if part))
+
+    def planned_steps(self) -> int:
+        """The steps the run makes unless it stops early (the progress total)."""
+        per_epoch = len(self.train_data)
+        if self.p.max_batches_per_epoch is not None:
+            per_epoch = min(per_epoch, self.p.max_batches_per_epoch)
+        total = self.p.epochs * per_epoch
+        return min(total, self.p.max_steps) if self.p.max_steps is not None else total
+
     def run(self) -> dict[str, float]:
         state = self.ctx.latest_checkpoint()
         if state is not None:
             self.restore(state)
         prog = self.progress
-        while not prog.finished:
-            self.run_epoch()
-        # A run that stopped mid-epoch evaluates its final weights before the last report.
-        self.evaluate_if_new()
-        self.publish(with_checkpoint=True)
+        self.bar = Reporter(
+            self.bar.label,
+            self.planned_steps(),
+            done=prog.step,
+            show=self.job.show_progress and self.ctx.rank == 0,
+        )
+        with self.bar:
+            while not prog.finished:
+                self.run_epoch()
+            # A run that stopped mid-epoch evaluates its final weights before the last report.
+            self.evaluate_if_new()
+            self.publish(with_checkpoint=True)
+            if prog.stop_reason == "early_stopping":
+                self.bar.note(f"stopped early: no improvement in {self.p.patience} evaluations")
         return final_metrics(self.progress, self.task)
 
 
@@ -509,48 +546,3 @@ class _Window:
         out.update({f"train_{k}": v / self.steps for k, v in zip(self.names, terms, strict=True)})
         self.reset()
         return out
-
-
-class _NoBar:
-    def __enter__(self) -> _NoBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def advance(self, n: int) -> None:
-        return None
-
-
-class _RichBar:
-    def __init__(self, epoch: int, total: int) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.bar = Progress(
-            TextColumn(f"epoch {epoch}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            transient=True,
-        )
-        self.task = self.bar.add_task("train", total=total)
-
-    def __enter__(self) -> _RichBar:
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.bar.stop()
-
-    def advance(self, n: int) -> None:
-        self.bar.advance(self.task, n)
-
-
-def _bar(show: bool, epoch: int, total: int) -> _NoBar | _RichBar:
-    return _RichBar(epoch, total) if show else _NoBar()

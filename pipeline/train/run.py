@@ -23,7 +23,7 @@ from pipeline.models import registry
 from pipeline.models.base import TaskKind
 from pipeline.serving import ServingSpec
 from pipeline.train.checkpoint import save_checkpoint, write_json
-from pipeline.train.distributed import fit, ray_cluster, storage_path
+from pipeline.train.distributed import fit, has_checkpoint, ray_cluster, storage_path
 from pipeline.train.job import (
     ConfiguredModel,
     RegistryModel,
@@ -34,7 +34,7 @@ from pipeline.train.job import (
     shard_data,
 )
 from pipeline.train.loop import TrainJob
-from pipeline.train.tune import BEST_FILE, TrialSetup, read_best, search
+from pipeline.train.tune import BEST_FILE, TrialSetup, read_best, search, search_exists
 
 MODEL_FILE = "model.pt"
 MANIFEST_FILE = "manifest.json"
@@ -119,8 +119,11 @@ def plan_train(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
 
 
 def _start_tracker(
-    params: Params, plan: Plan, layout: Layout, name: str, stage: str
+    params: Params, plan: Plan, layout: Layout, name: str, stage: str, resumes: bool
 ) -> tracking.Tracker | None:
+    """The stage's MLflow run. ``resumes``: the training (or search) goes on from a
+    checkpoint of an earlier run of ``name``, finished or not, so that run, which holds the
+    history before the checkpoint, goes on; otherwise a fresh run logs the whole history."""
     if not params.tracking.enabled:
         return None
     root = layout.root
@@ -142,6 +145,7 @@ def _start_tracker(
         run_name=name,
         tags=tags,
         resume_key=name,
+        reuse="any" if resumes else "never",
     )
 
 
@@ -209,7 +213,8 @@ def train_run(
         data_fingerprint(shards),
     )
     storage = storage_path(scale, layout.root)
-    tracker = _start_tracker(params, plan, layout, name, "train")
+    resumes = has_checkpoint(name, scale, storage)
+    tracker = _start_tracker(params, plan, layout, name, "train", resumes)
     try:
         if tracker is not None:
             tracker.log_params(
@@ -229,6 +234,7 @@ def train_run(
             run_dir=storage,
             sink=tracker.ref.attach if tracker is not None else None,
             show_progress=show_progress,
+            label=f"train {run_key(model, corpus)} (seed {plan.params.seed})",
         )
         result = fit(job, scale, storage)
         out = layout.train_out(run_key(model, corpus))
@@ -239,7 +245,9 @@ def train_run(
             "task": plan.task.value,
             "run_name": name,
             "checkpoint": layout.relative(model_file),
-            "run_checkpoint": result.checkpoint,
+            "run_checkpoint": layout.relative(Path(result.checkpoint))
+            if "://" not in result.checkpoint
+            else result.checkpoint,
             "metrics": result.metrics,
             "tuned_from": plan.tuned_from,
         }
@@ -303,11 +311,11 @@ def _track_final(
             spec=serving_spec(params, plan),
         )
     return {
-        "tracking_uri": tracker.ref.uri,
+        "tracking_uri": tracking.portable_uri(tracker.ref.uri, layout.root),
         "experiment": tracker.ref.experiment,
         "run_id": tracker.run_id,
         "fallback": tracker.fell_back,
-        "checkpoint_uri": f"{tracker.artifact_uri()}/checkpoint/{MODEL_FILE}",
+        "checkpoint_uri": f"runs:/{tracker.run_id}/checkpoint/{MODEL_FILE}",
         "registered_model": registered if version is not None else None,
         "model_version": version,
     }
@@ -337,7 +345,9 @@ def plan_tune(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
     return Plan(model, corpus, task, run, config.model_dump(mode="json"), len(vocab), None)
 
 
-def tune_run(params: Params, model: str, corpus: str, root: str | Path = ".") -> dict[str, Any]:
+def tune_run(
+    params: Params, model: str, corpus: str, root: str | Path = ".", show_progress: bool = True
+) -> dict[str, Any]:
     """Search ``model``'s hyper-parameters on ``corpus``; returns the best.json content."""
     layout = Layout(Path(root).resolve())
     plan = plan_tune(params, model, corpus, layout)
@@ -356,7 +366,7 @@ def tune_run(params: Params, model: str, corpus: str, root: str | Path = ".") ->
         data_fingerprint(shards),
     )
     storage = storage_path(scale, layout.root)
-    parent = _start_tracker(params, plan, layout, name, "tune")
+    parent = _start_tracker(params, plan, layout, name, "tune", search_exists(name, storage))
     try:
         if parent is not None:
             parent.log_params(
@@ -382,7 +392,7 @@ def tune_run(params: Params, model: str, corpus: str, root: str | Path = ".") ->
             },
         )
         with ray_cluster():
-            result = search(name, setup, space)
+            result = search(name, setup, space, show_progress, f"tune {run_key(model, corpus)}")
         best = result.to_json(
             model=model,
             corpus=corpus,
@@ -390,7 +400,9 @@ def tune_run(params: Params, model: str, corpus: str, root: str | Path = ".") ->
             parent_run_id=parent.run_id if parent is not None else None,
         )
         if parent is not None:
-            parent.end_children("KILLED")
+            # Ray's verdict: a trial it reports completed is FINISHED, one that errored (or
+            # never reported) FAILED
+            parent.end_children(result.trial_status, default="FAILED")
             parent.log_metrics({"best_valid_loss": result.valid_loss}, step=0)
             parent.log_dict(best, BEST_FILE)
             parent.end()

@@ -28,7 +28,7 @@ from pipeline.config import (
     TuneParams,
 )
 from pipeline.errors import ConfigError
-from pipeline.tracking import RunRef, Tracker
+from pipeline.tracking import TAG_TRIAL, RunRef, Tracker
 from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from pipeline.train.distributed import report_with_checkpoint, trainer
 from pipeline.train.loop import DataFactory, TrainJob, train_worker
@@ -152,7 +152,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
             p.fallback_uri,
             p.experiment,
             run_name=f"trial-{trial_id}",
-            tags={**setup.tags, "hiertx.trial_id": trial_id},
+            tags={**setup.tags, TAG_TRIAL: trial_id},
             parent_run_id=p.run_id,
             resume_key=f"{p.run_name}-{trial_id}",
         )
@@ -185,7 +185,17 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
             result = trainer(job, setup.scale, setup.storage, [TuneReportCallback()]).fit()
             if result.error is not None:
                 raise result.error
-    except BaseException:
+    except SystemExit as stop:
+        # Tune stops a trial it is done with (ASHA, the last epoch) by exiting its thread
+        # right after a report: the trial completed
+        if tracker is not None:
+            tracker.end("FINISHED" if stop.code in (0, None) else "FAILED")
+        raise
+    except Exception:
+        if tracker is not None:
+            tracker.end("FAILED")
+        raise
+    except BaseException:  # interrupted (Ctrl-C)
         if tracker is not None:
             tracker.end("KILLED")
         raise
@@ -203,6 +213,7 @@ class SearchResult:
     trial_id: str
     n_trials: int
     n_errors: int
+    trial_status: dict[str, str] = field(default_factory=dict)  # trial id -> MLflow status
 
     def to_json(self, **extra: Any) -> dict[str, Any]:
         return {
@@ -216,11 +227,21 @@ class SearchResult:
         }
 
 
-def search(name: str, setup: TrialSetup, space: SearchSpace) -> SearchResult:
-    """Run (or resume) the search ``name`` under ``setup.storage``; Ray must be initialised."""
+def search(
+    name: str,
+    setup: TrialSetup,
+    space: SearchSpace,
+    show_progress: bool = True,
+    label: str = "",
+) -> SearchResult:
+    """Run (or resume) the search ``name`` under ``setup.storage``; Ray must be initialised.
+    Progress: a line per finished trial, or a bar on a terminal (``tune_progress``; ``label``
+    names the search there, default ``tune <name>``)."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
+
+    from pipeline.train.tune_progress import TrialProgress, reporting
 
     t = setup.tune
     resources = (
@@ -252,9 +273,13 @@ def search(name: str, setup: TrialSetup, space: SearchSpace) -> SearchResult:
                 num_samples=t.trials,
                 max_concurrent_trials=t.concurrency,
             ),
-            run_config=tune.RunConfig(name=name, storage_path=setup.storage),
+            # our progress replaces Ray's tables (verbose=0); Ray keeps both with the search
+            run_config=tune.RunConfig(
+                name=name, storage_path=setup.storage, verbose=0, callbacks=[TrialProgress()]
+            ),
         )
-    grid = tuner.fit()
+    with reporting(label or f"tune {name}", t.trials, t.epochs_per_trial, show_progress):
+        grid = tuner.fit()
     best = grid.get_best_result(metric=METRIC, mode="min", scope="all", filter_nan_and_inf=True)
     if (
         best is None
@@ -274,7 +299,28 @@ def search(name: str, setup: TrialSetup, space: SearchSpace) -> SearchResult:
         trial_id=str(best.metrics.get("trial_id", "")),
         n_trials=len(grid),
         n_errors=len(grid.errors),
+        trial_status=trial_statuses(grid),
     )
+
+
+def trial_statuses(grid: Any) -> dict[str, str]:
+    """What Ray reports of each trial as an MLflow run status: FAILED for a trial that
+    errored, FINISHED for every other (completed, or stopped early by the scheduler). A
+    trial that never reported has no id in its result and is left out."""
+    out = {}
+    for result in grid:
+        trial_id = (result.metrics or {}).get("trial_id")
+        if trial_id:
+            out[str(trial_id)] = "FAILED" if result.error is not None else "FINISHED"
+    return out
+
+
+def search_exists(name: str, storage: str) -> bool:
+    """Whether the search ``name`` has run before under ``storage`` (:func:`search` will
+    restore it, finished trials included, rather than start over)."""
+    from ray import tune
+
+    return bool(tune.Tuner.can_restore(f"{storage.rstrip('/')}/{name}"))
 
 
 def read_best(path: str | Path) -> dict[str, Any]:

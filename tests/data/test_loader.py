@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from hypothesis import given, settings
@@ -232,6 +233,29 @@ def test_vocab_must_match_the_manifest(chitchat: Path, tmp_path: Path) -> None:
     (copy / VOCAB_FILE).write_text(text.replace('"lowercase": true', '"lowercase": false'))
     with pytest.raises(DataError, match="hash"):
         load_vocab(copy)
+
+
+def test_overwritten_token_ids_stop_the_loader_naming_file_and_stage(
+    chitchat: Path, tmp_path: Path
+) -> None:
+    """4,000 bytes of token ids overwritten in place: the file keeps its size and passes
+    Arrow's full validation (any int32 is a valid value), so only the manifest's sha256
+    catches it, when a stage opens the split, before any batch."""
+    copy = tmp_path / "chitchat"
+    shutil.copytree(chitchat, copy)
+    shard = copy / "generate" / "train-00000.arrow"
+    mapped = pa.memory_map(str(shard))
+    values = pa.ipc.open_file(mapped).get_batch(0).column("input_ids").values.buffers()[1]
+    offset = values.address - mapped.read_buffer().address  # where the ids lie in the file
+    assert values.size > 8000
+    with shard.open("r+b") as f:
+        f.seek(offset + 2000)
+        f.write(np.full(1000, 2**31 - 1, dtype=np.int32).tobytes())
+    mapped.close()
+    with pytest.raises(DataError) as err:
+        next(iter(BatchLoader(open_split(copy, Task.GENERATE, "train"), 8)))
+    assert str(err.value).startswith(f"{shard}: sha256 differs from the manifest")
+    assert "dvc repro -f tokenize@chitchat" in str(err.value)
 
 
 @pytest.mark.slow

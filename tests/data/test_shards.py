@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import GenerateParams, LMParams, SelectParams, Task, VocabParams
+from pipeline.data import shards
 from pipeline.data.dialogue import Dialogue, Turn
 from pipeline.data.examples import (
     EncodedDialogue,
@@ -207,6 +208,44 @@ def test_verify_shards_catches_a_changed_byte(written: Path) -> None:
     with pytest.raises(DataError) as err:
         verify_shards(written)
     assert str(shard) in str(err.value)
+
+
+def test_changed_values_that_arrow_accepts_are_caught_naming_file_and_stage(
+    written: Path,
+) -> None:
+    """Same size, valid Arrow (one dialogue id's text changed): only the hash sees it."""
+    shard = written / "generate" / "train-00000.arrow"
+    data = shard.read_bytes()
+    assert data.count(b"dlg-1") == 1
+    shard.write_bytes(data.replace(b"dlg-1", b"dlg-9"))
+    with pytest.raises(DataError) as err:
+        ShardTable(written, Task.GENERATE, "train")[0]
+    message = str(err.value)
+    assert message.startswith(f"{shard}: sha256 differs from the manifest")
+    assert f"dvc repro -f tokenize@test (or delete {written} and run dvc repro)" in message
+    with pytest.raises(DataError, match=r"train-00000\.arrow: sha256 differs.*tokenize@test"):
+        verify_shards(written)
+
+
+def test_each_shard_is_hashed_once_per_process_while_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path, Task.SELECT, {"train": select_table()})
+    hashed: list[str] = []
+    real = shards._sha256
+    monkeypatch.setattr(shards, "_sha256", lambda path: hashed.append(path.name) or real(path))
+    assert len(ShardTable(tmp_path, Task.SELECT, "train")) > 0
+    list(ShardTable(tmp_path, Task.SELECT, "train"))
+    files = sorted(p.name for p in (tmp_path / "select").iterdir())
+    assert sorted(hashed) == files and "train-pool.arrow" in files  # rows and pool, once
+    list(ShardTable(tmp_path, Task.SELECT, "train"))
+    assert sorted(hashed) == files  # already verified in this process
+    # rewritten (other rows per shard: other bytes and hashes): hashed again
+    write(tmp_path, Task.SELECT, {"train": select_table()}, rows=2)
+    hashed.clear()
+    list(ShardTable(tmp_path, Task.SELECT, "train"))
+    rows = {p.name for p in (tmp_path / "select").iterdir()} - {"train-pool.arrow"}
+    assert set(hashed) >= rows and len(rows) > 2
 
 
 def test_manifest_round_trip_and_version_check(written: Path) -> None:

@@ -133,3 +133,35 @@ def test_stage_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     params.write_text("tokenize:\n  corpora:\n    chitchat:\n      generate: {max_history: 0}\n")
     assert stage.main(argv) == 1
     assert "tokenize.corpora.chitchat.generate.max_history" in capsys.readouterr().err
+
+
+def test_stage_reports_each_step_in_a_log_and_nothing_with_no_progress(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = broken_chitchat(tmp_path / "raw" / "chitchat")
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        "tokenize:\n  on_error: skip\n  corpora:\n    chitchat:\n"
+        "      tasks: [generate, lm]\n      split: {valid: 0.0, test: 0.0}\n"
+    )
+    argv = ["chitchat", "--params", str(params), "--raw", str(raw.parent), "--out", str(tmp_path)]
+    assert stage.main(argv) == 0
+    lines = capsys.readouterr().err.splitlines()  # captured: no terminal, so lines
+    steps = [line.split(", ")[1] for line in lines[1:-1]]
+    assert lines[0] == "tokenize chitchat: step 0/11 (0%), reading the corpus"
+    # 3 splits (valid and test empty) x (encoding + 2 tasks) + reading + vocabulary
+    assert steps == [
+        "building the vocabulary",
+        "encoding train (12 dialogues)",
+        "generate examples of train",
+        "lm examples of train",
+        "encoding valid (0 dialogues)",
+        "generate examples of valid",
+        "lm examples of valid",
+        "encoding test (0 dialogues)",
+        "generate examples of test",
+        "lm examples of test",
+    ]
+    assert lines[-1].startswith("tokenize chitchat: finished step 11/11 (100%) in ")
+    assert stage.main([*argv, "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

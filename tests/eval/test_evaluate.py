@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import mlflow
@@ -150,7 +151,9 @@ def test_generate_metrics_match_direct_computation(project):
     raw = project_params()
     metrics = evaluate_run(settings(raw), "transformer", "chitchat", project)
     out = project / "data" / "eval" / KEY
-    assert json.loads((out / "metrics.json").read_text()) == pytest.approx(metrics, nan_ok=True)
+    # metrics outside the git-ignored data/, where git and DVC experiments hold them
+    written = json.loads((project / "metrics" / f"{KEY}.json").read_text())
+    assert written == pytest.approx(metrics, nan_ok=True)
     rows = read_rows(project, KEY)
     test = open_split(project / "data" / "shards" / "chitchat", "generate", "test")
     assert len(rows) == len(test) == metrics["n_examples"]
@@ -278,3 +281,51 @@ def test_several_seeds_mean_ci_and_mlflow(tmp_path, monkeypatch, project):
     for entry, seed in zip(manifest["seeds"], per_seed, strict=True):
         run = client.get_run(entry["mlflow"]["run_id"])
         assert run.data.metrics["eval/test_loss"] == pytest.approx(seed["metrics"]["test_loss"])
+
+
+@pytest.mark.slow  # trains three tiny models once (module fixture)
+def test_progress_shows_batches_and_decodes_and_no_progress_is_silent(project, monkeypatch, capsys):
+    import yaml
+
+    from pipeline import progress
+    from stages import evaluate as stage
+
+    clock = [0.0]
+
+    def now() -> float:  # 30 s between two looks at the clock: every batch is worth a line
+        clock[0] += 30.0
+        return clock[0]
+
+    monkeypatch.setattr(progress, "now", now)
+    raw = project_params(max_batches=2)
+    evaluate_run(settings(raw), "transformer", "chitchat", project, progress=True)
+    lines = capsys.readouterr().err.splitlines()  # captured: not a terminal, so lines
+    label = "evaluate transformer-chitchat (seed 1234)"
+    assert lines[0] == f"{label}: batch 0/2 (0%)"
+    assert re.fullmatch(
+        rf"{re.escape(label)}: batch 1/2 \(50%\), decoding beam3, [\d.]+ s/batch, ETA .+",
+        lines[1],
+    )
+    assert lines[2].startswith(f"{label}: finished batch 2/2 (100%), decoding beam3 in ")
+    assert len(lines) == 3
+
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(project)
+    assert stage.main(["transformer", "chitchat", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+    assert stage.main(["gpt", "chitchat"]) == 0
+    assert "evaluate gpt-chitchat (seed 1234): finished batch 2/2" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # trains three tiny models once (module fixture)
+def test_unigram_baseline_scores_the_tokens_the_models_score(project):
+    from pipeline.eval.unigram import unigram_score
+
+    shards = project / "data" / "shards" / "chitchat"
+    for model, task in (("transformer", "generate"), ("gpt", "lm")):
+        evaluate_run(settings(project_params(max_batches=2)), model, "chitchat", project)
+        rows = read_rows(project, f"{model}-chitchat")
+        score = unigram_score(shards, task, [r["id"] for r in rows])
+        assert score.n_examples == len(rows)
+        assert score.n_tokens == sum(r["n_tokens"] for r in rows)
+        assert math.isfinite(score.ppl) and score.ppl > 1

@@ -65,7 +65,8 @@ def write_run(
     train_metrics: dict | None = None,
     mlflow: dict | None = None,
 ) -> str:
-    """``data/train/<key>/{model.pt,manifest.json}`` and ``data/eval/<key>/`` for a run."""
+    """``data/train/<key>/{model.pt,manifest.json}``, ``data/eval/<key>/`` and
+    ``metrics/<key>.json`` for a run."""
     key = f"{model}-{corpus}"
     cfg = registry.make_config(model, VOCAB, **TINY[model])
     net = registry.build_from_config(model, cfg)
@@ -89,7 +90,8 @@ def write_run(
     (train / "manifest.json").write_text(json.dumps(manifest))
     evals = root / "data" / "eval" / key
     evals.mkdir(parents=True, exist_ok=True)
-    (evals / "metrics.json").write_text(json.dumps(metrics))
+    (root / "metrics").mkdir(exist_ok=True)
+    (root / "metrics" / f"{key}.json").write_text(json.dumps(metrics))
     (evals / "per_example.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return key
 

@@ -56,14 +56,14 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     for name in ("learning_curves", "metrics", "length_vs_loss", "attention_masks", "unet_widths"):
         assert f"]({name}.png)" in text
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
-    with (out / "curves" / "transformer-chitchat.csv").open() as f:
+    # one long table for `dvc plots show`; unet has no MLflow run, so no curve
+    with (root / "plots" / "valid_loss.csv").open() as f:
         assert list(csv.reader(f)) == [
-            ["step", "valid_loss"],
-            ["10", "5.0"],
-            ["20", "4.5"],
-            ["30", "4.25"],
+            ["step", "valid_loss", "run"],
+            ["10", "5.0", "transformer-chitchat"],
+            ["20", "4.5", "transformer-chitchat"],
+            ["30", "4.25", "transformer-chitchat"],
         ]
-    assert not (out / "curves" / "unet-chitchat.csv").exists()  # no MLflow run: no curve
     assert (out / "tables.json").is_file()
 
     # the same tables and figures are in MLflow
@@ -87,4 +87,24 @@ def test_stage_says_what_is_missing(tmp_path, monkeypatch, capsys):
     )
     monkeypatch.chdir(tmp_path)
     assert stage.main([]) == 1
-    assert "data/eval/gpt-chitchat/metrics.json: missing" in capsys.readouterr().err
+    assert "metrics/gpt-chitchat.json: missing" in capsys.readouterr().err
+
+
+def test_curves_table_names_every_run(tmp_path):
+    from pipeline.report.build import write_curves_csv
+    from pipeline.report.plots import Curve
+
+    path = tmp_path / "plots" / "valid_loss.csv"
+    curves = [
+        Curve("gpt-chitchat-seed0", "lm", (2, 4), (3.5, 3.25)),
+        Curve("unet-chitchat", "generate", (2,), (5.0,)),
+    ]
+    with write_curves_csv(curves, path).open() as f:
+        assert list(csv.reader(f)) == [
+            ["step", "valid_loss", "run"],
+            ["2", "3.5", "gpt-chitchat-seed0"],
+            ["4", "3.25", "gpt-chitchat-seed0"],
+            ["2", "5.0", "unet-chitchat"],
+        ]
+    # no history anywhere: still the file DVC expects, with its header
+    assert write_curves_csv([], path).read_text().splitlines() == ["step,valid_loss,run"]

@@ -25,7 +25,7 @@ def test_bad_line_is_named(tmp_path):
 
 def test_missing_eval_names_the_file_and_the_fix(tmp_path):
     params = params_for(["gpt"])
-    with pytest.raises(DataError, match=r"data/eval/gpt-chitchat/metrics.json: missing; run `dvc"):
+    with pytest.raises(DataError, match=r"metrics/gpt-chitchat.json: missing; run `dvc"):
         load_results(params, tmp_path)
 
 

@@ -9,7 +9,14 @@ import pytest
 
 from pipeline.eval import text
 from pipeline.report.results import ExampleRow, RunResult, TrainedSeed
-from pipeline.report.significance import BETTER, WORSE, NotComparable, compare, example_stats
+from pipeline.report.significance import (
+    BETTER,
+    WORSE,
+    NotComparable,
+    compare,
+    example_stats,
+    seed_scores,
+)
 
 
 def run_of(rows: list[dict], key: str = "m-chitchat") -> RunResult:
@@ -150,3 +157,34 @@ def test_bleu_without_hypotheses_is_not_comparable():
     a = run_of(rows_of(np.ones((1, 3)), np.ones((1, 3), int)))
     with pytest.raises(NotComparable, match="hypothesis"):
         compare(a, a, "bleu", 10)
+
+
+def test_a_difference_within_seed_variation_gets_no_marker():
+    # Pooled over its two seeds the run beats the baseline on every example (mean NLL
+    # 9.75 < 10), so the bootstrap alone calls it better; but one seed is far better and
+    # the other far worse: the difference is within seed-to-seed variation.
+    tokens = np.full((2, 30), 5)
+    run = run_of(rows_of(np.array([[5.0] * 30, [14.5] * 30]), tokens))
+    base = run_of(rows_of(np.array([[10.0] * 30, [10.1] * 30]), tokens), "b-chitchat")
+    result = compare(run, base, "test_ppl", n_samples=100)
+    assert result.p_better == 0.0  # what the bootstrap says
+    assert result.p_seeds is not None and result.p_seeds > 0.05
+    assert result.marker == ""
+
+
+def test_seed_scores_and_consistent_seeds_keep_the_marker():
+    tokens = np.full((3, 20), 4)
+    run = run_of(rows_of(np.array([[8.0] * 20, [8.4] * 20, [8.2] * 20]), tokens))
+    base = run_of(rows_of(np.array([[12.0] * 20, [12.4] * 20, [12.2] * 20]), tokens), "b-x")
+    ids = [f"d{i}" for i in range(20)]
+    assert seed_scores(run, "test_ppl", ids) == pytest.approx(
+        [-math.exp(8.0 / 4), -math.exp(8.4 / 4), -math.exp(8.2 / 4)]
+    )
+    result = compare(run, base, "test_ppl", n_samples=100)
+    assert result.p_seeds is not None and result.p_seeds < 0.01
+    assert result.marker == BETTER
+
+
+def test_one_seed_has_no_seed_test():
+    one = run_of(rows_of(np.array([[5.0, 6.0]]), np.array([[2, 2]])))
+    assert compare(one, one, "test_ppl", n_samples=10).p_seeds is None

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline.config import RunParams, ScaleParams
-from pipeline.train.distributed import fit, ray_cluster, storage_path
+from pipeline.train.distributed import fit, has_checkpoint, ray_cluster, storage_path
 from pipeline.train.loop import TrainJob
 from tests.train.helpers import PoolFactory, ToyFactory
 
@@ -54,8 +54,15 @@ def test_storage_path_is_absolute(tmp_path, monkeypatch):
 
 def test_two_workers_match_one_and_ray_matches_local(tmp_path, cluster):
     job = _job(tmp_path, "local")
+    in_process, on_ray = ScaleParams(num_workers=0), ScaleParams(num_workers=1)
+    assert not has_checkpoint("local", in_process, str(tmp_path))
+    assert not has_checkpoint("ray1", on_ray, str(tmp_path))
     local = fit(job, ScaleParams(num_workers=0), str(tmp_path))
     one = fit(replace(job, name="ray1"), ScaleParams(num_workers=1), str(tmp_path))
+    # what the train stage asks before it picks the MLflow run (a resume goes on in its run)
+    assert has_checkpoint("local", in_process, str(tmp_path))
+    assert has_checkpoint("ray1", on_ray, str(tmp_path))
+    assert not has_checkpoint("ray1", in_process, str(tmp_path))
     two = fit(replace(job, name="ray2"), ScaleParams(num_workers=2), str(tmp_path))
     assert local.metrics["steps"] == one.metrics["steps"] == two.metrics["steps"] == 6
     assert one.metrics == local.metrics

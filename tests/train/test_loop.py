@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,9 +18,11 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline import progress
 from pipeline.config import RunParams, ScheduleKind, ScheduleParams
 from pipeline.data.batch import GenerateBatch
 from pipeline.models.base import LossOutput, TaskKind
+from pipeline.train import loop
 from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from pipeline.train.loop import TrainJob, _Window, to_device, train_local
 from pipeline.train.optim import lr_factor, make_optimizer, make_scheduler
@@ -329,6 +333,112 @@ def test_window_reads_the_device_only_when_it_flushes(monkeypatch):
     assert metrics["train_kl"] == 1.0 and metrics["grad_norm"] == 0.5 and metrics["lr"] == 0.1
     assert metrics["train_ppl"] == pytest.approx(math.exp(4.0))
     assert window.sums is None and window.steps == 0  # a fresh window
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class _FakeClock:
+    """``pipeline.progress.now``: seconds move only when the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _seconds_per_step(monkeypatch: pytest.MonkeyPatch, clock: _FakeClock, seconds: float):
+    """Every training step takes ``seconds`` of ``clock``."""
+    original = loop._Run.train_step
+
+    def step(run, batch):
+        original(run, batch)
+        clock.t += seconds
+
+    monkeypatch.setattr(loop._Run, "train_step", step)
+
+
+def test_progress_in_a_log_is_a_line_every_few_seconds_and_per_validation(
+    tmp_path, monkeypatch, capsys
+):
+    clock = _FakeClock()
+    monkeypatch.setattr(progress, "now", clock)
+    _seconds_per_step(monkeypatch, clock, 3.0)  # 24 steps of 3 s: a line every 7 steps
+    job = replace(make_job(tmp_path, epochs=3), show_progress=True, label="train toy")
+    train_local(job)
+    lines = capsys.readouterr().err.splitlines()  # pytest's stderr is no terminal
+    assert all(line.startswith("train toy: ") for line in lines), lines
+    assert lines[0] == "train toy: step 0/24 (0%)"
+    periodic = [line for line in lines if "ETA" in line]
+    assert [line.split(",")[0] for line in periodic] == [
+        "train toy: step 7/24 (29%)",
+        "train toy: step 14/24 (58%)",
+        "train toy: step 21/24 (88%)",
+    ]
+    # the loss read back at log_every, the rate of this process and what remains at it
+    assert re.fullmatch(
+        r"train toy: step 7/24 \(29%\), epoch 1/3, loss \d\.\d+, 3 s/step, ETA 51s", periodic[0]
+    )
+    valid = [line for line in lines if "valid loss" in line]
+    assert len(valid) == 3  # one per evaluation (every epoch's end)
+    assert re.fullmatch(r"train toy: step 8, valid loss \d\.\d+ \(best\)", valid[0])
+    assert lines[-1].startswith("train toy: finished step 24/24 (100%), epoch 3/3, loss ")
+    assert lines[-1].endswith(" in 1m12s")
+    assert len(lines) == 1 + 3 + 3 + 1
+
+
+def test_progress_on_a_terminal_is_a_bar(tmp_path, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setattr(sys, "stderr", screen)
+    train_local(replace(make_job(tmp_path, epochs=1), show_progress=True, label="train toy"))
+    drawn = screen.getvalue()
+    assert "━" in drawn and "train toy" in drawn and "8/8" in drawn  # bar, label, steps
+    assert "\x1b[" in drawn  # drawn in place with cursor moves, then erased
+    assert "train toy: step 8, valid loss" in drawn  # the validation, above the bar
+
+
+def test_no_progress_prints_nothing(tmp_path, capsys):
+    train_local(make_job(tmp_path, epochs=1))  # show_progress=False
+    assert capsys.readouterr() == ("", "")
+
+
+def test_progress_reads_the_device_only_when_it_logs(tmp_path, monkeypatch, capsys):
+    """Progress lines use the loss read at ``log_every``: no step between reads it."""
+    clock = _FakeClock()
+    monkeypatch.setattr(progress, "now", clock)
+    _seconds_per_step(monkeypatch, clock, 30.0)  # a progress line after every step
+    # Adam reads its step counter, a CPU tensor (no device to wait for): not counted
+    item = torch.Tensor.item
+    monkeypatch.setattr(sys.modules["torch.optim.adam"], "_get_value", lambda x: item(x))
+    spy = _SyncSpy(monkeypatch)
+    reads: dict[int, int] = {}
+    step, advance = loop._Run.train_step, progress.Reporter.advance
+
+    def counted_step(run, batch):
+        before = len(spy.reads)
+        step(run, batch)
+        reads[run.progress.step] = len(spy.reads) - before
+
+    def counted_advance(reporter, n=1):
+        before = len(spy.reads)
+        advance(reporter, n)
+        assert len(spy.reads) == before, "a progress update read a tensor"
+
+    monkeypatch.setattr(loop._Run, "train_step", counted_step)
+    monkeypatch.setattr(progress.Reporter, "advance", counted_advance)
+    job = replace(make_job(tmp_path, epochs=1, log_every=4), show_progress=True)
+    train_local(job)
+    assert sorted(reads) == list(range(1, 9))
+    assert [s for s, n in reads.items() if n] == [4, 8]  # the log_every flushes only
+    assert len([line for line in capsys.readouterr().err.splitlines() if "ETA" in line]) == 7
 
 
 # --------------------------------------------------------------------------- to_device

@@ -3,68 +3,31 @@ registered model over its REST API (what the MLflow UI and teams' tooling read).
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
+import mlflow
+import pandas as pd
 import pytest
 
+from pipeline import cli, tracking, tracking_sync
 from pipeline.config import parse_params
+from pipeline.serving import ServingSpec
+from pipeline.tracking import Tracker, TrackingUnavailable
 from pipeline.train.run import train_run
-from tests.train.conftest import stage_params
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _call(base: str, path: str, body: dict | None = None) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        base + path, data=data, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+from tests.train.conftest import TINY_TRANSFORMER, stage_params
+from tests.train.mlflow_server import MlflowServer, call
 
 
 @pytest.fixture
 def mlflow_server(tmp_path: Path):
-    port = _free_port()
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-         "--artifacts-destination", str(tmp_path / "artifacts"), "--workers", "1"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
+    server = MlflowServer(tmp_path)
+    server.start()
     try:
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {server.stderr.read()[-2000:]}")
-            time.sleep(1)
-        yield base
+        yield server.url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        server.stop()
 
 
 @pytest.mark.slow
@@ -79,12 +42,12 @@ def test_server_shows_run_metrics_and_registered_model(
     mf = manifest["mlflow"]
     assert not mf["fallback"], "training must log to the server, not to the local fallback"
 
-    experiment = _call(
+    experiment = call(
         mlflow_server,
         "/api/2.0/mlflow/experiments/get-by-name?experiment_name="
         + urllib.request.quote(mf["experiment"]),
     )["experiment"]
-    runs = _call(
+    runs = call(
         mlflow_server, "/api/2.0/mlflow/runs/search",
         {"experiment_ids": [experiment["experiment_id"]], "max_results": 10},
     )["runs"]  # fmt: skip
@@ -92,7 +55,7 @@ def test_server_shows_run_metrics_and_registered_model(
     assert run["info"]["status"] == "FINISHED"
     params = {p["key"]: p["value"] for p in run["data"]["params"]}
     assert params["train.optimizer.lr"] == "0.003"
-    history = _call(
+    history = call(
         mlflow_server,
         f"/api/2.0/mlflow/metrics/get-history?run_id={mf['run_id']}&metric_key=valid_loss",
     )["metrics"]
@@ -101,9 +64,142 @@ def test_server_shows_run_metrics_and_registered_model(
     assert best == pytest.approx(manifest["metrics"]["best_valid_loss"], rel=1e-6)
 
     search = "/api/2.0/mlflow/registered-models/search?max_results=10"  # GET, unlike runs
-    models = _call(mlflow_server, search)["registered_models"]
+    models = call(mlflow_server, search)["registered_models"]
     registered = next(m for m in models if m["name"] == mf["registered_model"])
     versions = registered["latest_versions"]
     assert any(
         v["version"] == mf["model_version"] and v["run_id"] == mf["run_id"] for v in versions
     )
+
+
+def _tiny_model(folder: Path) -> tuple[Path, Path]:
+    """A tiny untrained transformer checkpoint and its vocabulary (for a pyfunc)."""
+    from pipeline.data.special import SPECIAL_TOKENS
+    from pipeline.data.vocab import Vocab
+    from pipeline.models import registry
+    from pipeline.train.checkpoint import save_checkpoint
+
+    vocab = Vocab([*SPECIAL_TOKENS, "hi", "how", "are", "you", "fine", "thanks", ","])
+    model = registry.build("transformer", len(vocab), **TINY_TRANSFORMER)
+    state = {
+        "model_name": "transformer",
+        "model_config": model.config.model_dump(mode="json"),
+        "model": model.state_dict(),
+    }
+    vocab.save(folder / "vocab.json")
+    return save_checkpoint(state, folder / "model.pt"), folder / "vocab.json"
+
+
+def _points(client, run_id: str, key: str) -> list[tuple[int, int, float]]:
+    return sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key))
+
+
+@pytest.mark.slow
+def test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    server = MlflowServer(tmp_path / "server")
+    root = tmp_path / "project"
+    root.mkdir()
+    checkpoint, vocab = _tiny_model(root)
+    fallback = tracking.fallback_uri(root)
+    exp = "hiertx/generate/chitchat"
+    server.start()
+    try:
+        driver = Tracker.start(server.url, fallback, exp, "train-x", {"k": "v"}, resume_key="x")
+        driver.log_params({"optimizer": {"lr": 0.1}})
+        worker = driver.ref.attach()  # rank 0 of the training
+        for step in (1, 2, 3):
+            worker.log_metrics({"valid_loss": 4.0 - step}, step)
+        origin = driver.run_id
+
+        server.stop()  # the server dies mid-training
+        with pytest.warns(TrackingUnavailable):
+            for step in (4, 5, 6):
+                worker.log_metrics({"valid_loss": 4.0 - step}, step)
+            driver.log_text("a sample", "samples/generations.txt")
+            version = driver.log_pyfunc(
+                "hiertx-x", checkpoint=checkpoint, vocab=vocab, spec=ServingSpec("generate")
+            )
+            driver.end()
+        assert driver.fell_back and version == "1"
+        # a tune-like parent and child, and a run still being written, in the fallback store
+        tune = "hiertx/tune-exp"
+        parent = Tracker.start(fallback, fallback, tune, "tune-x")
+        child = Tracker.start(fallback, fallback, tune, "t1", parent_run_id=parent.run_id)
+        child.log_metrics({"valid_loss": 1.0}, 1)
+        child.end()
+        parent.end()
+        running = Tracker.start(fallback, fallback, tune, "still-running")
+
+        server.start()  # back, with the partial run stuck in RUNNING
+        client = mlflow.tracking.MlflowClient(server.url)
+        assert client.get_run(origin).info.status == "RUNNING"
+        assert len(_points(client, origin, "valid_loss")) == 3
+
+        assert cli.main(["sync-mlflow", "--root", str(root), "--to", server.url]) == 0
+        out = capsys.readouterr().out
+        assert "3 runs copied, 0 completed, 0 already in sync, 1 still running" in out
+
+        copies = client.search_runs(
+            [client.get_experiment_by_name(exp).experiment_id],
+            f"tags.`{tracking_sync.TAG_SYNCED_FROM}` = '{driver.run_id}'",
+        )
+        assert len(copies) == 1
+        copy = copies[0]
+        source = mlflow.tracking.MlflowClient(fallback)
+        assert copy.info.status == "FINISHED"
+        assert copy.info.start_time == source.get_run(driver.run_id).info.start_time
+        assert copy.data.params == {"optimizer.lr": "0.1"}
+        assert copy.data.tags["k"] == "v" and copy.data.tags[tracking.TAG_ORIGIN] == origin
+        history = _points(client, copy.info.run_id, "valid_loss")
+        assert history == _points(source, driver.run_id, "valid_loss")
+        assert [s for s, _, _ in history] == [1, 2, 3, 4, 5, 6]
+        text = client.download_artifacts(copy.info.run_id, "samples/generations.txt", tmp_path)
+        assert Path(text).read_text() == "a sample"
+        # the partial server run is closed and points at where the whole run went
+        stuck = client.get_run(origin)
+        assert stuck.info.status == "FAILED"
+        assert stuck.data.tags[tracking.TAG_FALLBACK_RUN] == driver.run_id
+        assert stuck.data.tags[tracking_sync.TAG_SYNCED_TO] == copy.info.run_id
+        # the registered model came along and answers from the server
+        versions = client.search_model_versions(f"run_id = '{copy.info.run_id}'")
+        assert [v.name for v in versions] == ["hiertx-x"]
+        mlflow.set_tracking_uri(server.url)
+        try:
+            served = mlflow.pyfunc.load_model(f"models:/hiertx-x/{versions[0].version}")
+            answer = served.predict(pd.DataFrame({"history": [["hi , how are you ?"]]}))
+        finally:
+            mlflow.set_tracking_uri(None)
+        assert len(answer) == 1 and isinstance(answer[0], str)
+        # children name their parent's copy
+        tune_exp = client.get_experiment_by_name(tune).experiment_id
+        by_source = {
+            r.data.tags[tracking_sync.TAG_SYNCED_FROM]: r for r in client.search_runs([tune_exp])
+        }
+        assert set(by_source) == {parent.run_id, child.run_id}
+        assert (
+            by_source[child.run_id].data.tags[tracking.TAG_PARENT]
+            == by_source[parent.run_id].info.run_id
+        )
+
+        # idempotent: a second sync adds nothing
+        assert cli.main(["sync-mlflow", "--root", str(root), "--to", server.url]) == 0
+        assert "0 runs copied, 0 completed, 3 already in sync, 1 still running" in (
+            capsys.readouterr().out
+        )
+        assert len(client.search_runs([copy.info.experiment_id])) == 2  # origin + copy
+        assert _points(client, copy.info.run_id, "valid_loss") == history
+        assert len(client.search_model_versions("name = 'hiertx-x'")) == 1
+        # what the fallback run gains later (the evaluate stage's metrics) is completed
+        driver.ref.attach().log_metrics({"eval/bleu": 0.5}, 0)
+        assert cli.main(["sync-mlflow", "--root", str(root), "--to", server.url]) == 0
+        assert "0 runs copied, 1 completed" in capsys.readouterr().out
+        assert client.get_run(copy.info.run_id).data.metrics["eval/bleu"] == 0.5
+
+        # a re-run of the same training resumes the copy, not the partial run
+        again = Tracker.start(server.url, fallback, exp, "train-x", resume_key="x", reuse="any")
+        assert again.run_id == copy.info.run_id and not again.fell_back
+        running.end()
+    finally:
+        server.stop()

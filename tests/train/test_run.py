@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -10,10 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
+from pipeline import cli, tracking
 from pipeline.config import parse_params
 from pipeline.data.loader import load_vocab
 from pipeline.decode import DecodeConfig, generate
 from pipeline.errors import ConfigError
+from pipeline.report.results import read_trained
 from pipeline.serving import ServingSpec, generate_batch
 from pipeline.train.checkpoint import load_checkpoint
 from pipeline.train.job import RegistryModel
@@ -133,3 +136,49 @@ def test_train_stage_end_to_end_with_mlflow_and_pyfunc(project, monkeypatch):
         ref = generate(model, generate_batch(history, vocab, spec), DecodeConfig(max_length=12))
     expected = [vocab.decode(r[:n].tolist()) for r, n in zip(ref.tokens, ref.lengths, strict=True)]
     assert list(answers) == expected and all(isinstance(a, str) for a in answers)
+
+
+@pytest.mark.slow
+def test_rerun_of_a_trained_config_keeps_its_mlflow_history(project, tmp_path, monkeypatch):
+    """`dvc repro -f -s train@...` (or an experiment back at earlier params) resumes the
+    finished checkpoint: the run that holds the learning curves must go on, and the
+    registered version must point at it."""
+    own = tmp_path / "project"
+    shutil.copytree(project / "data" / "shards", own / "data" / "shards")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = parse_params(stage_params())
+    first = train_run(params, "transformer", "chitchat", own, False)["mlflow"]
+    # recorded relative to the project: a copied or moved project reads its own store
+    assert first["tracking_uri"] == "sqlite:///mlflow.db"
+    assert first["checkpoint_uri"] == f"runs:/{first['run_id']}/checkpoint/model.pt"
+    uri = tracking.resolve_uri(first["tracking_uri"], own)
+    assert uri == f"sqlite:///{own.resolve() / 'mlflow.db'}"
+    curve = tracking.metric_history(uri, first["run_id"], "valid_loss")
+    assert len(curve) == 2
+    # what the report reads its learning curves from
+    trained = read_trained(own, own / "data" / "train" / "transformer-chitchat")
+    assert [(t.mlflow_uri, t.mlflow_run_id) for t in trained] == [(uri, first["run_id"])]
+
+    again = train_run(params, "transformer", "chitchat", own, False)["mlflow"]
+    assert again["run_id"] == first["run_id"] and again["model_version"] == "2"
+    client = mlflow.tracking.MlflowClient(uri)
+    assert client.get_run(again["run_id"]).info.status == "FINISHED"
+    assert tracking.metric_history(uri, again["run_id"], "valid_loss") == curve
+    version = client.get_model_version(again["registered_model"], again["model_version"])
+    assert version.run_id == first["run_id"]
+    # `chat --run` finds the registered model from anywhere, through the relative store
+    monkeypatch.chdir(tmp_path)
+    args = cli.parser().parse_args(["chat", "--run", "transformer-chitchat", "--root", str(own)])
+    try:
+        assert cli.load(args).spec.task == "generate"
+    finally:
+        mlflow.set_tracking_uri(None)  # cli.load sets the process-wide URI
+    assert not (tmp_path / "mlflow.db").exists()
+
+    # without the checkpoint the training starts over: a run of its own, whole again
+    shutil.rmtree(own / "runs" / "ray")
+    fresh = train_run(params, "transformer", "chitchat", own, False)["mlflow"]
+    assert fresh["run_id"] != first["run_id"]
+    assert tracking.metric_history(uri, fresh["run_id"], "valid_loss") == [
+        (step, pytest.approx(value, rel=1e-5)) for step, value in curve
+    ]

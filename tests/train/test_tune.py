@@ -4,13 +4,14 @@ best config written, and a rerun resumes the finished search."""
 from __future__ import annotations
 
 import json
+import re
 
 import mlflow
 import pytest
 
 from pipeline.config import RunParams, SearchSpace, TuneParams, parse_params
 from pipeline.train.run import tune_run
-from pipeline.train.tune import param_space, trial_params
+from pipeline.train.tune import param_space, trial_params, trial_statuses
 from tests.train.conftest import stage_params
 
 
@@ -52,7 +53,7 @@ def test_trial_params_apply_the_sample_and_the_trial_budget():
 
 
 @pytest.mark.slow
-def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, monkeypatch):
+def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, monkeypatch, capsys):
     uri = f"sqlite:///{project / 'mlflow-tune.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     raw = stage_params()
@@ -75,6 +76,12 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
     raw["train"]["defaults"]["max_batches_per_epoch"] = 2
     params = parse_params(raw)
     best = tune_run(params, "transformer", "chitchat", project)
+    # progress: a line per finished trial (captured stderr is a log), none of Ray's tables
+    printed = capsys.readouterr()
+    assert "Trial status" not in printed.out + printed.err
+    finished = r"tune transformer-chitchat: trial [1-3]/3 \w+ (finished|stopped early by ASHA) "
+    trial_lines = [line for line in printed.err.splitlines() if re.match(finished, line)]
+    assert len(trial_lines) == 3 and all("model.n_heads=" in line for line in trial_lines)
 
     path = project / "data" / "tune" / "transformer-chitchat" / "best.json"
     assert json.loads(path.read_text()) == json.loads(json.dumps(best))
@@ -88,6 +95,8 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == best["parent_run_id"]]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
     assert len(children) == 3
+    # Ray reports every trial completed (ASHA stops some early): none is left KILLED
+    assert [c.info.status for c in children] == ["FINISHED"] * 3
     assert parent[0].data.metrics["best_valid_loss"] == pytest.approx(best["valid_loss"])
     losses = [
         min(m.value for m in client.get_metric_history(c.info.run_id, "valid_loss"))
@@ -107,3 +116,18 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
         r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("mlflow.parentRunId")
     ]
     assert len(children) == 3
+    # the restored search goes on in the parent run that holds its trials
+    assert again["parent_run_id"] == best["parent_run_id"]
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {best["parent_run_id"]}
+    assert [c.info.status for c in children] == ["FINISHED"] * 3
+
+
+def test_trial_statuses_follow_what_ray_reports():
+    from types import SimpleNamespace
+
+    grid = [
+        SimpleNamespace(metrics={"trial_id": "a", "valid_loss": 1.0}, error=None),
+        SimpleNamespace(metrics={"trial_id": "b"}, error=RuntimeError("boom")),
+        SimpleNamespace(metrics=None, error=RuntimeError("died before reporting")),
+    ]
+    assert trial_statuses(grid) == {"a": "FINISHED", "b": "FAILED"}

@@ -1,0 +1,233 @@
+"""What ``params.yaml`` refers to, checked against what exists, before any stage computes.
+
+``pipeline.config`` checks each section's own keys and values; this module checks the names
+and cross-references between sections, which need the model registry:
+
+- model names used as keys or values (``train.models.<m>``, ``tune.spaces.<m>``,
+  ``evaluate.models.<m>``, the ``model`` of every run) are registered models;
+- a run's corpus is in ``corpora:`` (so ``dvc repro`` tokenizes it) and has a
+  ``tokenize.corpora`` entry; the model's task is one of the corpus's ``tasks``;
+- model config overrides (``train.defaults.model``, ``train.models.<m>.model``,
+  ``train.runs.<r>.overrides.model``) validate with the model's config class;
+- ``tune.spaces.<m>.model`` searches fields of that config; a tuned run has no
+  ``overrides`` (which only train runs read: they would be silently ignored).
+
+Every error is a ``ConfigError`` naming the dotted key and what to do. ``parse_params``
+calls :func:`check_params`, so every stage script and the ``check`` stage (the first stage
+of ``dvc repro``) fail on the same mistakes before any work.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from pipeline.config import Params, RunTarget, Section
+from pipeline.errors import ConfigError
+
+# Config fields that the params never set (the vocabulary comes from the tokenized corpus).
+_DERIVED_FIELDS = frozenset({"vocab_size"})
+# Stands in for the vocabulary size of a model not run on any corpus: no config validator
+# reads it, it only has to be a valid value.
+_ANY_VOCAB = 1000
+_EXTRA = "Extra inputs are not permitted"
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """``"did you mean 'hier'? "`` for the closest of ``choices``, or ``""``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def unknown_key_reason(loc: tuple[Any, ...]) -> str | None:
+    """The reason for an unknown key at ``loc`` (a pydantic error location under
+    ``Params``): the closest allowed key and the allowed ones; None if ``loc`` does not
+    lead to a params section."""
+    section = _section_at(Params, loc[:-1])
+    if section is None:
+        return None
+    allowed = list(section.model_fields)
+    hint = did_you_mean(str(loc[-1]), allowed)
+    return f"unknown key; {hint}allowed here: {', '.join(allowed)}"
+
+
+def _section_at(cls: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The params section class reached from ``cls`` along ``path`` (field names, mapping
+    keys, tuple indices), or None."""
+    annotation: Any = cls
+    for part in path:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(str(part))
+            if field is None:
+                return None
+            annotation = field.annotation
+            continue
+        annotation = _strip_optional(annotation)
+        args = typing.get_args(annotation)
+        origin = typing.get_origin(annotation)
+        if origin is dict and len(args) == 2:
+            annotation = args[1]
+        elif origin is tuple and args:
+            annotation = args[0]
+        else:
+            return None
+        annotation = _strip_optional(annotation)
+    annotation = _strip_optional(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    return None
+
+
+def _strip_optional(annotation: Any) -> Any:
+    """``X | None`` -> ``X``."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def check_params(params: Params) -> None:
+    """Check every name and cross-reference of ``params`` (module docstring); raises a
+    ``ConfigError`` naming the first bad dotted key."""
+    from pipeline.models import registry  # imports torch: only when params are checked
+
+    known = registry.names()
+    for section, names in (
+        ("train.models", params.train.models),
+        ("tune.spaces", params.tune.spaces),
+        ("evaluate.models", params.evaluate.models),
+    ):
+        for name in names:
+            _registered(f"{section}.{name}", name, known)
+    for where, runs in (("train.runs", params.train.runs), ("tune.runs", params.tune.runs)):
+        for key, target in runs.items():
+            _check_run(params, f"{where}.{key}", target, known)
+    for key, target in params.tune.runs.items():
+        if "overrides" in target.model_fields_set:
+            raise ConfigError(
+                f"tune.runs.{key}.overrides",
+                "a tuned run takes its knobs from train.defaults, "
+                f"train.models.{target.model} and its search: move these keys to "
+                f"train.models.{target.model}",
+            )
+    for name in params.evaluate.models:
+        task = registry.spec(name).task.value
+        if task != "generate":
+            raise ConfigError(
+                f"evaluate.models.{name}",
+                f"{name} is a {task} model; decodings apply to generate models only: "
+                "remove this entry",
+            )
+    _check_model_overrides(params)
+    _check_spaces(params)
+
+
+def _registered(key: str, name: str, known: list[str]) -> None:
+    if name not in known:
+        raise ConfigError(
+            key,
+            f"no model named {name!r}; {did_you_mean(name, known)}registered: {', '.join(known)}",
+        )
+
+
+def _check_run(params: Params, where: str, target: RunTarget, known: list[str]) -> None:
+    from pipeline.models import registry
+
+    _registered(f"{where}.model", target.model, known)
+    corpus = target.corpus.value
+    listed = [c.value for c in params.corpora]
+    if target.corpus not in params.corpora:
+        raise ConfigError(
+            f"{where}.corpus",
+            f"{corpus!r} is not in corpora: {listed}, so no stage downloads or tokenizes "
+            f"it: add it to corpora (with a tokenize.corpora.{corpus} entry) or remove "
+            "this run",
+        )  # (Params already requires a tokenize.corpora entry for each of corpora)
+    task = registry.spec(target.model).task.value
+    tasks = [t.value for t in params.corpus(corpus).tasks]
+    if task not in tasks:
+        raise ConfigError(
+            where,
+            f"{target.model} is a {task} model but {corpus} only yields {tasks}: add "
+            f"{task} to tokenize.corpora.{corpus}.tasks or pick a model of those tasks",
+        )
+
+
+def _check_model_overrides(params: Params) -> None:
+    """Every model's merged config overrides validate with its config class, for each
+    run (at the run's corpus' vocabulary size) and for each ``train.models`` entry."""
+    train = params.train
+    for key, target in [*train.runs.items(), *params.tune.runs.items()]:
+        own = train.runs[key].overrides.model if key in train.runs else {}
+        sources = [
+            (f"train.runs.{key}.overrides.model", own),
+            (f"train.models.{target.model}.model", _model_overrides(params, target.model)),
+            ("train.defaults.model", train.defaults.model),
+        ]
+        vocab = params.corpus(target.corpus).vocab.size
+        _validate_config(target.model, vocab, train.run(target.model, target.corpus).model, sources)
+    for name in train.models:
+        merged = {**train.defaults.model, **train.models[name].model}
+        sources = [
+            (f"train.models.{name}.model", train.models[name].model),
+            ("train.defaults.model", train.defaults.model),
+        ]
+        _validate_config(name, _ANY_VOCAB, merged, sources)
+
+
+def _model_overrides(params: Params, model: str) -> dict[str, Any]:
+    entry = params.train.models.get(model)
+    return entry.model if entry is not None else {}
+
+
+def _validate_config(
+    model: str, vocab_size: int, overrides: dict[str, Any], sources: list[tuple[str, dict]]
+) -> None:
+    """``registry.make_config`` of ``overrides``; a failure names the most specific of
+    ``sources`` (``(dotted key, overrides set there)``, most specific first) that sets the
+    offending field (the first source when none does: a cross-field rule)."""
+    from pipeline.models import registry
+
+    try:
+        registry.make_config(model, vocab_size, **overrides)
+    except ConfigError as err:
+        field = err.key.removeprefix(f"{model}.")
+        where = next((key for key, values in sources if field in values), sources[0][0])
+        reason = err.reason
+        if reason == _EXTRA:
+            fields = _config_fields(model)
+            reason = (
+                f"{model}'s config has no field {field!r}; {did_you_mean(field, fields)}"
+                f"fields: {', '.join(fields)}"
+            )
+        raise ConfigError(f"{where}.{field}", reason) from None
+
+
+def _config_fields(model: str) -> list[str]:
+    """The config fields of ``model`` that params may set (not derived, not preset)."""
+    from pipeline.models import registry
+
+    spec = registry.spec(model)
+    fixed = {name for name, _ in spec.preset}
+    return [f for f in spec.config_cls.model_fields if f not in _DERIVED_FIELDS | fixed]
+
+
+def _check_spaces(params: Params) -> None:
+    for model, space in params.tune.spaces.items():
+        fields = _config_fields(model)
+        for name in space.model:
+            if name not in fields:
+                raise ConfigError(
+                    f"tune.spaces.{model}.model.{name}",
+                    f"not a field of {model}'s config; {did_you_mean(name, fields)}"
+                    f"choose among: {', '.join(fields)}",
+                )

@@ -1,0 +1,50 @@
+"""Rows of the report that are no trained run: the unigram baseline of each perplexity table.
+
+For every corpus and perplexity task (generate, lm) with evaluated runs, the unigram model
+(``pipeline.eval.unigram``) is fitted on the corpus' training split and scored on exactly the
+test examples the first run of that corpus and task was evaluated on (``per_example.jsonl``
+ids). As a check that both sides score the same tokens, its token count is compared with
+that run's; a mismatch is printed under the table rather than hidden.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.eval.unigram import unigram_score
+from pipeline.report.results import RunResult
+from pipeline.report.tables import TEST_LOSS, TEST_PPL, Reference
+
+UNIGRAM = "unigram"
+PERPLEXITY_TASKS = ("generate", "lm")
+
+
+def unigram_references(runs: list[RunResult], shards_root: Path) -> tuple[Reference, ...]:
+    """One unigram :class:`Reference` per (corpus, perplexity task) that has runs."""
+    references = []
+    seen: set[tuple[str, str]] = set()
+    for run in runs:
+        where = (run.corpus, run.task)
+        if run.task not in PERPLEXITY_TASKS or where in seen or not run.examples:
+            continue
+        seen.add(where)
+        first_seed = run.examples[0].seed
+        rows = [r for r in run.examples if r.seed == first_seed]
+        score = unigram_score(shards_root / run.corpus, run.task, [r.id for r in rows])
+        model_tokens = sum(r.n_tokens for r in rows)
+        note = None
+        if score.n_tokens != model_tokens or score.n_examples != len(rows):
+            note = (
+                f"unigram: scored {score.n_tokens} tokens of {score.n_examples} examples, "
+                f"but {run.key} scored {model_tokens} of {len(rows)}: not comparable."
+            )
+        references.append(
+            Reference(
+                UNIGRAM,
+                run.corpus,
+                run.task,
+                {TEST_PPL.key: score.ppl, TEST_LOSS.key: score.loss},
+                note,
+            )
+        )
+    return tuple(references)
