@@ -19,7 +19,7 @@ from pipeline.config import Params, Task
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.models.unet import UNetConfig
 from pipeline.report import plots
-from pipeline.report.references import unigram_references
+from pipeline.report.references import chance_references, unigram_references
 from pipeline.report.results import RunResult, load_results
 from pipeline.report.tables import (
     Table,
@@ -203,7 +203,8 @@ def render(
         "",
         "Perplexity tables end with a `unigram` row: the training split's token "
         "frequencies (add-one smoothed) scored on the same test tokens. A model at or above "
-        "it has learnt nothing beyond word frequencies.",
+        "it has learnt nothing beyond word frequencies. Selection tables end with a "
+        "`chance` row: a random ranking of the candidates (R@k = k/N, MRR = H_N/N).",
         "",
     ]
     corpus = None
@@ -312,7 +313,11 @@ def build_report(params: Params, root: str | Path = ".", seed: int = 0) -> Repor
     n_samples = params.evaluate.bootstrap_samples
     out = root / "reports"
     runs = load_results(params, root)
-    references = unigram_references(runs, root / "data" / "shards")
+    candidates = {c.value: p.select.n_candidates_eval for c, p in params.tokenize.corpora.items()}
+    references = (
+        *unigram_references(runs, root / "data" / "shards"),
+        *chance_references(runs, candidates),
+    )
     tables = build_tables(runs, n_samples, seed, _bleu_tokenizers(params), references)
     figures = make_figures(params, root, out, runs)
     path = out / REPORT_FILE

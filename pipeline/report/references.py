@@ -1,21 +1,28 @@
-"""Rows of the report that are no trained run: the unigram baseline of each perplexity table.
+"""Rows of the report that are no trained run: the unigram baseline of each perplexity table
+and the chance level of each selection table.
 
 For every corpus and perplexity task (generate, lm) with evaluated runs, the unigram model
 (``pipeline.eval.unigram``) is fitted on the corpus' training split and scored on exactly the
 test examples the first run of that corpus and task was evaluated on (``per_example.jsonl``
 ids). As a check that both sides score the same tokens, its token count is compared with
 that run's; a mismatch is printed under the table rather than hidden.
+
+Chance: a scorer that ranks the one correct response among ``N`` candidates uniformly at
+random has ``R@k = k / N`` and ``MRR = H_N / N`` (``H_N``: the N-th harmonic number).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.eval.evaluate import RECALL_KS
 from pipeline.eval.unigram import unigram_score
 from pipeline.report.results import RunResult
-from pipeline.report.tables import TEST_LOSS, TEST_PPL, Reference
+from pipeline.report.tables import MRR, TEST_LOSS, TEST_PPL, Reference
 
 UNIGRAM = "unigram"
+CHANCE = "chance"
+
 PERPLEXITY_TASKS = ("generate", "lm")
 
 
@@ -47,4 +54,17 @@ def unigram_references(runs: list[RunResult], shards_root: Path) -> tuple[Refere
                 note,
             )
         )
+    return tuple(references)
+
+
+def chance_references(runs: list[RunResult], n_candidates: dict[str, int]) -> tuple[Reference, ...]:
+    """The chance level of each corpus with selection runs, for ``n_candidates[corpus]``
+    candidates (one correct) per test example."""
+    corpora = dict.fromkeys(r.corpus for r in runs if r.task == "select")
+    references = []
+    for corpus in corpora:
+        n = n_candidates[corpus]
+        values = {f"recall_at_{k}": min(k, n) / n for k in RECALL_KS}
+        values[MRR.key] = sum(1 / r for r in range(1, n + 1)) / n
+        references.append(Reference(CHANCE, corpus, "select", values))
     return tuple(references)

@@ -267,18 +267,16 @@ def decode_specs(runs: list[RunResult]) -> tuple[TableSpec, ...]:
             if k.startswith(f"{prefix}_") and not k.endswith(CI_SUFFIX)
         }
     )
-    return tuple(
-        TableSpec(
-            CHATEVAL_TITLE.format(decoding=f"decoding {suffix.lstrip('_')}"),
-            "generate",
-            None,
-            tuple(
-                Metric(f"{m.key}{suffix}", m.label, m.digits, m.better) for m in CHATEVAL_METRICS
-            ),
-            "transformer",
+    specs = []
+    for suffix in suffixes:
+        models = tuple(dict.fromkeys(r.model for r in runs if f"{prefix}{suffix}" in r.metrics))
+        metrics = tuple(
+            Metric(f"{m.key}{suffix}", m.label, m.digits, m.better) for m in CHATEVAL_METRICS
         )
-        for suffix in suffixes
-    )
+        title = CHATEVAL_TITLE.format(decoding=f"decoding {suffix.lstrip('_')}")
+        baseline = "transformer" if "transformer" in models else models[0]
+        specs.append(TableSpec(title, "generate", models, metrics, baseline))
+    return tuple(specs)
 
 
 def build_tables(

@@ -108,3 +108,10 @@ def test_curves_table_names_every_run(tmp_path):
         ]
     # no history anywhere: still the file DVC expects, with its header
     assert write_curves_csv([], path).read_text().splitlines() == ["step,valid_loss,run"]
+
+
+def test_significance_caption_says_what_the_markers_test():
+    from pipeline.report.build import significance_scope
+
+    assert "test-set sampling only, not training randomness" in significance_scope([1])
+    assert "seed-to-seed variation" in significance_scope([1, 3])

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from pipeline.report.results import load_results
-from pipeline.report.tables import build_tables, overview, overview_markdown, table_markdown
+from pipeline.report.tables import (
+    Reference,
+    build_tables,
+    overview,
+    overview_markdown,
+    table_markdown,
+)
 from tests.report.conftest import lm_rows, params_for, write_run
 
 
@@ -100,3 +106,49 @@ def test_missing_baseline_is_said(runs):
 def test_no_bootstrap_when_turned_off(runs):
     unet = by_title(build_tables(runs, n_samples=0), "Tables 1-2")
     assert all(c.comparison is None for r in unet.rows for c in r.cells)
+
+
+def test_references_end_their_corpus_and_task_tables(runs):
+    unigram = Reference("unigram", "chitchat", "generate", {"test_ppl": 400.0, "test_loss": 6.0})
+    elsewhere = Reference("unigram", "ptb", "generate", {"test_ppl": 1.0}, note="never shown")
+    tables = build_tables(runs, n_samples=20, references=(unigram, elsewhere))
+    unet = by_title(tables, "Tables 1-2")
+    assert [r.model for r in unet.rows] == ["transformer", "unet", "unigram"]
+    assert [c.format(m) for c, m in zip(unet.rows[-1].cells, unet.columns, strict=True)] == [
+        "-",
+        "400.00",
+    ]
+    assert "never shown" not in unet.notes
+    lm = by_title(tables, "Hierarchical GPT")  # another task: no generate reference
+    assert "unigram" not in [r.model for r in lm.rows]
+    chateval = by_title(tables, "ChatEval")  # no perplexity column: no reference row
+    assert "unigram" not in [r.model for r in chateval.rows]
+
+
+def test_each_further_decoding_gets_its_chateval_table(tmp_path):
+    write_run(
+        tmp_path,
+        "transformer",
+        gen_rows([30.0] * 8),
+        {"distinct_2": 0.002, "distinct_2_topp0.9": 0.06, "distinct_2_topp0.9_ci95": 0.01},
+    )
+    runs = load_results(params_for(["transformer"]), tmp_path)
+    titles = [t.title for t in build_tables(runs, n_samples=0)]
+    greedy = titles.index("U-Net Transformer, Tables 4-5: ChatEval metrics (greedy decoding)")
+    assert (
+        titles[greedy + 1] == "U-Net Transformer, Tables 4-5: ChatEval metrics (decoding topp0.9)"
+    )
+    nucleus = by_title(build_tables(runs, n_samples=0), "decoding topp0.9")
+    assert [m.key for m in nucleus.columns] == ["distinct_2_topp0.9"]
+    assert nucleus.rows[0].cells[0].format(nucleus.columns[0]) == "0.0600 ± 0.0100"
+
+
+def test_chance_level_of_a_random_ranking_by_hand(runs):
+    from pipeline.report.references import chance_references
+
+    (chance,) = chance_references(runs, {"chitchat": 4})
+    # one correct among 4, ranked uniformly: R@1 = 1/4; MRR = (1 + 1/2 + 1/3 + 1/4) / 4
+    assert chance.values["recall_at_1"] == 0.25 and chance.values["recall_at_10"] == 1.0
+    assert chance.values["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+    select = by_title(build_tables(runs, n_samples=0, references=(chance,)), "Highway")
+    assert select.rows[-1].model == "chance"
