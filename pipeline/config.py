@@ -605,7 +605,9 @@ def run_slice(params: Params, key: str, search: bool = False) -> Params:
     ``key`` reads, as a ``Params``: the run's entry, ``train.defaults/models/scale``,
     ``tracking`` and its corpus' ``tokenize`` settings; a tuned run adds its search space,
     ``search`` the search's own knobs. The stages pass on only this slice, so each
-    ``dvc.yaml`` stage declares exactly what its results depend on (tests/test_dvc.py)."""
+    ``dvc.yaml`` stage declares exactly what its results depend on (tests/test_dvc.py);
+    ``tracking`` is read but not declared: it says where results are recorded, not what
+    they are (``stages.RECORDING_PARAMS``)."""
     tuned = key in params.tune.runs
     if not tuned and key not in params.train.runs:
         raise ConfigError("train.runs", f"no run {key!r} in train.runs or tune.runs")

@@ -22,6 +22,7 @@ from pipeline.eval.evaluate import load_model
 from pipeline.serving import ServingSpec, generate_batch, select_batch
 from pipeline.train.seeds import train_seeds
 from tests.eval.test_evaluate import project_params
+from tests.train.conftest import TINY_TRANSFORMER
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,15 +142,6 @@ def test_rank_orders_candidates_by_model_score(project, capsys, tmp_path):
 
 
 # --------------------------------------------------------------------------- chat output
-
-TINY_TRANSFORMER = {
-    "d_model": 16,
-    "n_encoder_layers": 1,
-    "n_decoder_layers": 1,
-    "n_heads": 2,
-    "d_head": 8,
-    "d_ff": 32,
-}
 
 
 @pytest.fixture(scope="module")

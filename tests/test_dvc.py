@@ -31,6 +31,7 @@ from pydantic import BaseModel
 
 from pipeline.config import load_params
 from stages import RECORDING_PARAMS
+from tests.test_pipeline import project_files
 
 REPO = Path(__file__).resolve().parents[1]
 WHOLE_FILE = "params.yaml"
@@ -176,21 +177,10 @@ def test_check_stage_comes_first_and_gates_every_download() -> None:
     ]  # any other stage with the file dep would re-run on every params change
 
 
-def _project_files() -> list[str]:
-    """What a commit of the working tree holds: tracked and untracked-but-not-ignored."""
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    return [f for f in out.split("\0") if f and (REPO / f).is_file()]
-
-
 def _tiny_copy(root: Path) -> dict[str, str]:
     """A git-committed copy of the project at ``root`` with the tiny profile as its
     params.yaml and no dvc.lock; returns the environment to run dvc in."""
-    for name in _project_files():
+    for name in project_files():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, root / name)
     shutil.copy2(REPO / "profiles" / "tiny.yaml", root / "params.yaml")
