@@ -14,7 +14,7 @@ the table's runs were evaluated on, the same definition as the models'.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.data.examples import Example, GenerateExample, LMExample
 from pipeline.data.loader import load_vocab, open_split
+from pipeline.eval.evaluate import example_id
 
 
 def scored_tokens(example: Example) -> np.ndarray:
@@ -31,11 +32,6 @@ def scored_tokens(example: Example) -> np.ndarray:
     if isinstance(example, LMExample):
         return np.concatenate([np.asarray(s) for s in example.sentences])
     raise TypeError(f"no perplexity for {type(example).__name__} examples")
-
-
-def example_key(example: Example) -> str:
-    """The id the evaluate stage gives an example in ``per_example.jsonl``."""
-    return f"{example.dialogue_id}#{example.turn}"
 
 
 @dataclass(frozen=True)
@@ -81,15 +77,10 @@ def unigram_score(shards: str | Path, task: str, ids: Iterable[str]) -> UnigramS
     wanted = set(ids)
     nll, tokens, examples = 0.0, 0, 0
     for example in open_split(shards, task, "test"):
-        if wanted and example_key(example) not in wanted:
+        if wanted and example_id(example) not in wanted:
             continue
         scored = scored_tokens(example)
         nll += model.nll(scored)
         tokens += len(scored)
         examples += 1
     return UnigramScore(nll, tokens, examples)
-
-
-def token_counts(per_example: Mapping[str, int]) -> int:
-    """Total scored tokens of ``{id: n_tokens}`` (the models' side of the same examples)."""
-    return sum(per_example.values())
