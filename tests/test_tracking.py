@@ -96,14 +96,7 @@ def test_server_dying_mid_run_replays_everything_into_one_fallback_run(stores, m
     origin = driver.run_id
     worker.log_metrics({"loss": 3.0}, step=1)
 
-    real_client = tracking._client
-
-    def failing(u: str):
-        if u == uri:
-            raise ConnectionError("server went away")
-        return real_client(u)
-
-    monkeypatch.setattr(tracking, "_client", failing)
+    _failing_client(monkeypatch, uri)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         worker.log_metrics({"loss": 2.0}, step=2)

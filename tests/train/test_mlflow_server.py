@@ -16,7 +16,8 @@ from pipeline.config import parse_params
 from pipeline.serving import ServingSpec
 from pipeline.tracking import Tracker, TrackingUnavailable
 from pipeline.train.run import train_run
-from tests.train.conftest import TINY_TRANSFORMER, stage_params
+from tests.test_serving import tiny_checkpoint
+from tests.train.conftest import stage_params
 from tests.train.mlflow_server import MlflowServer, call
 
 
@@ -72,24 +73,6 @@ def test_server_shows_run_metrics_and_registered_model(
     )
 
 
-def _tiny_model(folder: Path) -> tuple[Path, Path]:
-    """A tiny untrained transformer checkpoint and its vocabulary (for a pyfunc)."""
-    from pipeline.data.special import SPECIAL_TOKENS
-    from pipeline.data.vocab import Vocab
-    from pipeline.models import registry
-    from pipeline.train.checkpoint import save_checkpoint
-
-    vocab = Vocab([*SPECIAL_TOKENS, "hi", "how", "are", "you", "fine", "thanks", ","])
-    model = registry.build("transformer", len(vocab), **TINY_TRANSFORMER)
-    state = {
-        "model_name": "transformer",
-        "model_config": model.config.model_dump(mode="json"),
-        "model": model.state_dict(),
-    }
-    vocab.save(folder / "vocab.json")
-    return save_checkpoint(state, folder / "model.pt"), folder / "vocab.json"
-
-
 def _points(client, run_id: str, key: str) -> list[tuple[int, int, float]]:
     return sorted((m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key))
 
@@ -101,7 +84,7 @@ def test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run(tmp_path, m
     server = MlflowServer(tmp_path / "server")
     root = tmp_path / "project"
     root.mkdir()
-    checkpoint, vocab = _tiny_model(root)
+    checkpoint, vocab = tiny_checkpoint(root)
     fallback = tracking.fallback_uri(root)
     exp = "hiertx/generate/chitchat"
     server.start()
