@@ -30,11 +30,12 @@ if __package__ in (None, ""):  # `python bench/bench_tokenize.py` imports like `
 import pyarrow as pa
 
 from bench.common import interleaved, parser, setup, table, timing_cells
+from pipeline.artifacts import TokenizeRecord
 from pipeline.config import GenerateParams, Task, load_params
 from pipeline.data import read_corpus
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.examples import build_generate, encode_dialogues, vocab_texts
-from pipeline.data.shards import Manifest, ShardTable, write_manifest, write_shards
+from pipeline.data.shards import ShardTable, write_manifest, write_shards
 from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, UNK_ID
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.data.vocab import Vocab, build_vocab, word_tokenize
@@ -94,7 +95,10 @@ def check_equal(dialogues: list[Dialogue], vocab: Vocab, p: GenerateParams, out:
     table_ = build_generate(encode_dialogues(dialogues, vocab), p)
     files = write_shards(out, Task.GENERATE, "train", table_, len(table_))
     shards = {"generate": {"train": files.shards}}
-    write_manifest(out, Manifest("bench", vocab.content_hash, len(vocab), shards))
+    record = TokenizeRecord(
+        corpus="bench", vocab_hash=vocab.content_hash, vocab_size=len(vocab), shards=shards
+    )
+    write_manifest(out, record)
     ours = ShardTable(out, Task.GENERATE, "train")
     python_loop(dialogues, vocab, p, out)
     with pa.memory_map(str(out / "baseline.arrow")) as source:

@@ -29,49 +29,41 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import tracking_sync
+from pipeline.artifacts import VOCAB_FILE, Layout, TrainRecord, read_train
 from pipeline.errors import ConfigError, DataError, HiertxError
 
-MANIFEST_FILE = "manifest.json"
 RESET = "/reset"
 EMPTY_REPLY = "(empty reply)"  # what chat prints for a response with no tokens
 SAMPLING = ("nucleus", "top_k")
 
 
-def available_runs(root: Path) -> list[str]:
-    """Runs with a trained model: folders of ``data/train`` holding a manifest."""
-    return sorted(p.parent.name for p in (root / "data" / "train").glob(f"*/{MANIFEST_FILE}"))
-
-
-def read_manifest(root: Path, key: str) -> dict[str, Any]:
-    path = root / "data" / "train" / key / MANIFEST_FILE
-    if not path.is_file():
-        runs = available_runs(root)
+def read_record(layout: Layout, key: str) -> TrainRecord:
+    """Run ``key``'s train record; ``--run`` names a run that has none: say which do."""
+    if key not in layout.trained_runs():
+        runs = layout.trained_runs()
         have = ", ".join(runs) if runs else "none (train one: dvc repro train@<model>-<corpus>)"
         raise ConfigError(
             "--run",
-            f"no trained run {key!r} under {root / 'data' / 'train'}; runs that exist: {have}",
+            f"no trained run {key!r} under {layout.train_out('')}; runs that exist: {have}",
         )
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
+    return read_train(layout, key)
 
 
-def _local_model(root: Path, manifest: dict[str, Any], params_file: Path) -> Any:
-    """The run's exported checkpoint behind the same ``HiertxModel`` as the pyfunc."""
+def _local_model(layout: Layout, record: TrainRecord, params_file: Path) -> Any:
+    """The run's (first seed's) exported model behind the same ``HiertxModel`` as the
+    pyfunc."""
     from pipeline.config import load_params
     from pipeline.serving import HiertxModel, ServingSpec
 
-    entry = (manifest.get("seeds") or [manifest])[0]
-    checkpoint = root / entry["checkpoint"]
-    corpus = manifest["corpus"]
-    spec = ServingSpec(task=manifest["task"])
+    checkpoint = layout.resolve(record.seeds[0].checkpoint)
+    corpus = record.corpus
+    spec = ServingSpec(task=record.task)
     if params_file.is_file():
         params = load_params(params_file)
         if corpus in {c.value for c in params.tokenize.corpora}:
             c = params.corpus(corpus)
             spec = ServingSpec(
-                task=manifest["task"],
+                task=record.task,
                 max_history=c.generate.max_history,
                 max_utterances=c.generate.max_utterances,
                 max_response=c.generate.max_response,
@@ -82,7 +74,7 @@ def _local_model(root: Path, manifest: dict[str, Any], params_file: Path) -> Any
     with tempfile.TemporaryDirectory() as tmp:
         spec_file = Path(tmp) / "serving.json"
         spec_file.write_text(json.dumps(asdict(spec)))
-        model.load(checkpoint, root / "data" / "shards" / corpus / "vocab.json", spec_file)
+        model.load(checkpoint, layout.shards(corpus) / VOCAB_FILE, spec_file)
     return model
 
 
@@ -110,14 +102,15 @@ def load(args: argparse.Namespace) -> Any:
     root = Path(args.root).resolve()
     if args.model_uri:
         return _mlflow_model(args.model_uri)
-    manifest = read_manifest(root, args.run)
-    info = manifest.get("mlflow") or {}
-    if not args.local and info.get("registered_model") and info.get("model_version"):
-        uri = f"models:/{info['registered_model']}/{info['model_version']}"
+    layout = Layout(root)
+    record = read_record(layout, args.run)
+    info = record.seeds[0].mlflow
+    if not args.local and info and info.registered_model and info.model_version:
+        uri = f"models:/{info.registered_model}/{info.model_version}"
         from pipeline import tracking
 
-        return _mlflow_model(uri, tracking.resolve_uri(info.get("tracking_uri") or "", root))
-    return _local_model(root, manifest, Path(args.params))
+        return _mlflow_model(uri, tracking.resolve_uri(info.tracking_uri, root))
+    return _local_model(layout, record, Path(args.params))
 
 
 def _task(model: Any) -> str:

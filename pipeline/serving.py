@@ -193,15 +193,9 @@ class HiertxModel(mlflow.pyfunc.PythonModel):
         )
 
     def load(self, checkpoint: str | Path, vocab: str | Path, spec: str | Path) -> None:
-        from pipeline.models import registry
-        from pipeline.train.checkpoint import load_checkpoint
+        from pipeline.artifacts import load_model
 
-        state = load_checkpoint(checkpoint)
-        name = state["model_name"]
-        config = registry.spec(name).config_cls.model_validate(state["model_config"])
-        self.model = registry.build_from_config(name, config)
-        self.model.load_state_dict(state["model"])
-        self.model.eval()
+        self.model = load_model(Path(checkpoint))
         self.vocab = Vocab.load(vocab)
         self.spec = ServingSpec(**json.loads(Path(spec).read_text()))
 

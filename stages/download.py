@@ -9,12 +9,12 @@ for the internet.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from pipeline.artifacts import SOURCES_FILE, DownloadRecord
 from pipeline.config import DownloadParams, Params, load_params
 from pipeline.data.corpora import CORPORA
-from pipeline.data.download import SOURCES_FILE, download_corpus
+from pipeline.data.download import download_corpus
 from pipeline.errors import HiertxError
 
 
@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     except HiertxError as err:
         print(f"download {args.corpus}: {err}", file=sys.stderr)
         return 1
-    files = json.loads((folder / SOURCES_FILE).read_text())["files"]
-    size = sum(f["bytes"] for f in files.values())
+    files = DownloadRecord.read(folder / SOURCES_FILE).files
+    size = sum(f.bytes for f in files.values())
     print(f"{args.corpus}: {len(files)} files, {size / 1e6:.1f} MB verified in {folder}")
     return 0
 

@@ -14,9 +14,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline.artifacts import Layout
 from pipeline.config import CorpusName, Params, load_params, run_key
 from pipeline.errors import ConfigError, HiertxError
-from pipeline.eval.evaluate import EvalSettings, evaluate_run, metrics_path
+from pipeline.eval.evaluate import EvalSettings, evaluate_run
 
 
 def select_params(params: Params, key: str) -> EvalSettings:
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evaluate {key}: {err}", file=sys.stderr)
         return 1
     shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if not k.endswith("_ci95"))
-    print(f"{key}: {shown} -> {metrics_path(Path('.'), key)}")
+    print(f"{key}: {shown} -> {Layout(Path('.')).metrics(key)}")
     return 0
 
 

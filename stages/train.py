@@ -37,16 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         params = select_params(load_params(args.params), run_key(args.model, args.corpus))
-        manifest = train_seeds(params, args.model, args.corpus, show_progress=not args.no_progress)
+        record = train_seeds(params, args.model, args.corpus, show_progress=not args.no_progress)
     except HiertxError as err:
         print(f"train {args.model} {args.corpus}: {err}", file=sys.stderr)
         return 1
-    metrics = manifest["metrics"]
-    print(
-        f"{args.model} on {args.corpus}: best valid loss {metrics['best_valid_loss']:.4f} "
-        f"at step {int(metrics['best_step'])} of {int(metrics['steps'])} -> "
-        f"{manifest['checkpoint']}"
-    )
+    for seed in record.seeds:
+        print(
+            f"{args.model} on {args.corpus} (seed {seed.seed}): best valid loss "
+            f"{seed.metric('best_valid_loss'):.4f} at step {seed.metric('best_step'):.0f} of "
+            f"{seed.metric('steps'):.0f} -> {seed.checkpoint}"
+        )
     return 0
 
 

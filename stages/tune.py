@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tune {args.model} {args.corpus}: {err}", file=sys.stderr)
         return 1
     print(
-        f"{args.model} on {args.corpus}: best valid loss {best['valid_loss']:.4f} of "
-        f"{best['trials']} trials with {best['config']} {best['optimizer']}"
+        f"{args.model} on {args.corpus}: best valid loss {best.valid_loss:.4f} of "
+        f"{best.trials} trials with {best.config} {best.optimizer}"
     )
     return 0
 

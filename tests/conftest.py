@@ -26,3 +26,27 @@ def shared_data() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+_EXIT_STATUS: list[int] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _EXIT_STATUS.append(int(exitstatus))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the process with pytest's verdict, skipping the interpreter's teardown.
+
+    Everything pytest reports is written by now. What is left is CPython finalising C
+    extensions whose threads outlive the tests (Ray's gRPC, torch's thread pools, Arrow's
+    memory maps): that teardown once crashed with SIGSEGV after a fully green run (CI of
+    stop 17: "761 passed", then "Segmentation fault", exit 139), failing CI on no test.
+    """
+    import sys
+
+    if _EXIT_STATUS and os.environ.get("HIERTX_TEST_TEARDOWN") != "full":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_EXIT_STATUS[-1])

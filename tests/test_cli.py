@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import subprocess
 import sys
@@ -14,15 +13,16 @@ import torch
 import yaml
 
 from pipeline import cli
+from pipeline.artifacts import load_model
 from pipeline.config import parse_params
 from pipeline.data.loader import load_vocab
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, generate
-from pipeline.eval.evaluate import load_model
 from pipeline.serving import ServingSpec, generate_batch, select_batch
 from pipeline.train.seeds import train_seeds
 from tests.eval.test_evaluate import project_params
 from tests.train.conftest import TINY_TRANSFORMER
+from tests.trained import write_trained
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,25 +148,13 @@ def test_rank_orders_candidates_by_model_score(project, capsys, tmp_path):
 def random_project(tmp_path_factory) -> Path:
     """Tokenized chitchat and a randomly initialised tiny transformer as a trained run."""
     from pipeline.models import registry
-    from pipeline.train.checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("chatproject")
     shards = root / "data" / "shards" / "chitchat"
     tokenize_corpus("chitchat", None, shards, parse_params(project_params()))
     torch.manual_seed(0)
     model = registry.build("transformer", len(load_vocab(shards)), **TINY_TRANSFORMER)
-    run = root / "data" / "train" / "transformer-chitchat"
-    save_checkpoint(
-        {
-            "model_name": "transformer",
-            "model_config": model.config.model_dump(mode="json"),
-            "task": "generate",
-            "model": model.state_dict(),
-        },
-        run / "model.pt",
-    )
-    manifest = {"checkpoint": "data/train/transformer-chitchat/model.pt", "corpus": "chitchat"}
-    (run / "manifest.json").write_text(json.dumps({**manifest, "task": "generate"}))
+    write_trained(root, "transformer", model)
     return root
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import http.client
-import json
 import os
 import shutil
 import time
@@ -26,10 +25,8 @@ import urllib.request
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PurePosixPath
-from typing import Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
@@ -42,13 +39,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from pipeline.artifacts import SOURCES_FILE, DownloadRecord, VerifiedFile
 from pipeline.config import DownloadParams
 from pipeline.data.archive import extract
 from pipeline.data.corpora import CorpusSpec, SourceFile, corpus_spec
-from pipeline.errors import DownloadError
+from pipeline.errors import DataError, DownloadError
 
 MIRROR_ENV = "HIERTX_MIRROR"
-SOURCES_FILE = "SOURCES.json"
 _CHUNK = 1 << 16
 # Client errors other than these will not go away by asking again.
 _RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -226,44 +223,17 @@ def fetch(
 # --------------------------------------------------------------------------- corpora
 
 
-@dataclass(frozen=True, slots=True)
-class _Record:
-    """A file's line in SOURCES.json."""
-
-    url: str
-    sha256: str
-    bytes: int
-    pinned: bool
-    extracted: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "url": self.url,
-            "sha256": self.sha256,
-            "bytes": self.bytes,
-            "pinned": self.pinned,
-            "extracted": list(self.extracted),
-        }
-
-
-def _read_sources(folder: Path) -> dict[str, Any]:
+def _read_sources(folder: Path) -> dict[str, VerifiedFile]:
+    """What an earlier run verified; nothing (so every file is checked again) when the
+    record is absent or unreadable."""
     path = folder / SOURCES_FILE
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        warnings.warn(f"{path} is not valid JSON; re-verifying every file", stacklevel=3)
+        return dict(DownloadRecord.read(path).files)
+    except DataError as err:
+        warnings.warn(f"{err}; re-verifying every file", stacklevel=3)
         return {}
-    files = data.get("files") if isinstance(data, dict) else None
-    return files if isinstance(files, dict) else {}
-
-
-def _write_sources(folder: Path, corpus: str, files: dict[str, Any], extra: dict[str, Any]) -> None:
-    path = folder / SOURCES_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"corpus": corpus, **extra, "files": files}, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def resolve_mirror(params: DownloadParams) -> str | None:
@@ -274,12 +244,12 @@ def resolve_mirror(params: DownloadParams) -> str | None:
 def _fetch_source(
     file: SourceFile,
     folder: Path,
-    recorded: dict[str, Any] | None,
+    recorded: VerifiedFile | None,
     params: DownloadParams,
     progress: bool,
-) -> _Record:
+) -> VerifiedFile:
     dest = folder / file.path
-    tofu = recorded.get("sha256") if recorded and recorded.get("url") == file.url else None
+    tofu = recorded.sha256 if recorded and recorded.url == file.url else None
     expected = file.sha256 or tofu
     fresh = False
     if not (dest.is_file() and expected is not None and sha256_file(dest) == expected.lower()):
@@ -303,15 +273,21 @@ def _fetch_source(
     digest = expected.lower() if expected else sha256_file(dest)
     extracted: tuple[str, ...] = ()
     if file.extract:
-        previous = tuple(recorded.get("extracted", ())) if recorded and not fresh else ()
+        previous = tuple(recorded.extracted) if recorded and not fresh else ()
         if previous and all((dest.parent / name).exists() for name in previous):
             extracted = previous
         else:
             extracted = tuple(extract(dest, dest.parent))
-    return _Record(file.url, digest, dest.stat().st_size, file.sha256 is not None, extracted)
+    return VerifiedFile(
+        url=file.url,
+        sha256=digest,
+        bytes=dest.stat().st_size,
+        pinned=file.sha256 is not None,
+        extracted=list(extracted),
+    )
 
 
-def _copy_bundled(spec: CorpusSpec, folder: Path) -> dict[str, Any]:
+def _copy_bundled(spec: CorpusSpec, folder: Path) -> dict[str, VerifiedFile]:
     assert spec.bundled is not None
     source = spec.bundled()
     dest = folder / source.name
@@ -321,8 +297,10 @@ def _copy_bundled(spec: CorpusSpec, folder: Path) -> dict[str, Any]:
         shutil.copyfile(source, part)
         os.replace(part, dest)
     version = metadata.version(spec.package) if spec.package else "unknown"
-    record = _Record(f"pypi:{spec.package}=={version}", digest, dest.stat().st_size, True)
-    return {source.name: record.to_json()}
+    url = f"pypi:{spec.package}=={version}"
+    return {
+        source.name: VerifiedFile(url=url, sha256=digest, bytes=dest.stat().st_size, pinned=True)
+    }
 
 
 def download_spec(
@@ -331,10 +309,9 @@ def download_spec(
     """``download_corpus`` for a spec that need not be in the registry."""
     folder = Path(dest_dir) / spec.name
     folder.mkdir(parents=True, exist_ok=True)
-    extra: dict[str, Any] = {}
+    record = DownloadRecord(corpus=spec.name, package=spec.package)
     if spec.bundled is not None:
         files = _copy_bundled(spec, folder)
-        extra["package"] = spec.package
     else:
         recorded = _read_sources(folder)
         files = dict(recorded)
@@ -342,18 +319,18 @@ def download_spec(
         for file in spec.files:
             # Go on past a failure, so an offline user learns every missing file at once.
             try:
-                record = _fetch_source(file, folder, recorded.get(file.path), params, progress)
+                verified = _fetch_source(file, folder, recorded.get(file.path), params, progress)
             except DownloadError as err:
                 failures.append(str(err))
                 continue
-            files[file.path] = record.to_json()
+            files[file.path] = verified
             # Written after each file, so an interrupted run keeps what it verified.
-            _write_sources(folder, spec.name, files, extra)
+            record.model_copy(update={"files": files}).write(folder / SOURCES_FILE)
         if failures:
             listed = "".join(f"\n  - {failure}" for failure in failures)
             count = f"{len(failures)} of {len(spec.files)}"
             raise DownloadError(f"corpus {spec.name!r}: {count} files failed:{listed}")
-    _write_sources(folder, spec.name, files, extra)
+    record.model_copy(update={"files": files}).write(folder / SOURCES_FILE)
     return folder
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from pipeline.artifacts import ACTS_FILE, VOCAB_FILE, TokenizeRecord
 from pipeline.config import Task
 from pipeline.data.batch import Batch, GenerateBatch, History, LMBatch, SelectBatch
 from pipeline.data.examples import (
@@ -28,13 +29,7 @@ from pipeline.data.examples import (
     Rows,
     SelectExample,
 )
-from pipeline.data.shards import (
-    ACTS_FILE,
-    VOCAB_FILE,
-    Manifest,
-    ShardTable,
-    read_manifest,
-)
+from pipeline.data.shards import ShardTable, read_manifest
 from pipeline.data.vocab import Vocab
 from pipeline.errors import DataError
 
@@ -86,7 +81,7 @@ class ExampleDataset(Dataset):
         self.n_acts = self.manifest.n_acts
 
     @property
-    def manifest(self) -> Manifest:
+    def manifest(self) -> TokenizeRecord:
         return self.table.manifest
 
     def __len__(self) -> int:

@@ -28,18 +28,17 @@ or length later asks torch for a 70 GB tensor, naming no file), a hash does not.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import hashlib
-import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline.artifacts import MANIFEST_FILE, ShardFile, TokenizeRecord
 from pipeline.config import Task
 from pipeline.data.examples import (
     Column,
@@ -53,10 +52,7 @@ from pipeline.data.examples import (
 )
 from pipeline.errors import DataError
 
-SCHEMA_VERSION = 1
-MANIFEST_FILE = "manifest.json"
-VOCAB_FILE = "vocab.json"
-ACTS_FILE = "acts.json"
+SCHEMA_VERSION = 1  # of the Arrow files (their metadata); the manifest's is its record's
 _META_TASK = b"hiertx.task"
 _META_VERSION = b"hiertx.schema_version"
 _META_TABLE = b"hiertx.table"
@@ -93,92 +89,20 @@ def pool_path(root: str | Path, split: str) -> Path:
 # --------------------------------------------------------------------------- manifest
 
 
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard file, relative to the corpus folder."""
-
-    file: str
-    rows: int
-    bytes: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class Manifest:
-    """What a tokenize run wrote: read it before any shard (``read_manifest``).
-
-    ``shards[task][split]`` lists the files of a split, ``pools[split]`` the select
-    candidate pool of a split; ``skipped`` counts what was left
-    out (malformed records, too-short dialogues); ``sources`` is the raw folder's
-    ``SOURCES.json`` (checksums of the downloaded files) when it has one; ``params`` the
-    corpus parameters the examples were built with.
-    """
-
-    corpus: str
-    vocab_hash: str
-    vocab_size: int
-    shards: dict[str, dict[str, list[ShardInfo]]]
-    pools: dict[str, ShardInfo] = field(default_factory=dict)
-    n_acts: int | None = None
-    act_names: list[str] | None = None
-    skipped: dict[str, int] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    sources: Any = None
-    params: dict[str, Any] = field(default_factory=dict)
-    schema_version: int = SCHEMA_VERSION
-
-    def rows(self, task: Task | str, split: str) -> int:
-        """Examples of one task and split (0 when there are none)."""
-        return sum(s.rows for s in self.shards.get(Task(task).value, {}).get(split, []))
-
-    @property
-    def counts(self) -> dict[str, dict[str, int]]:
-        """``{task: {split: rows}}``."""
-        return {t: {s: self.rows(t, s) for s in splits} for t, splits in self.shards.items()}
-
-    def to_json(self) -> str:
-        body = {**dataclasses.asdict(self), "counts": self.counts}  # counts: for readers' eyes
-        return json.dumps(body, indent=1, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str, path: Path) -> Manifest:
-        try:
-            raw = json.loads(text)
-            if raw.get("schema_version") != SCHEMA_VERSION:
-                raise DataError(
-                    path,
-                    f"schema version {raw.get('schema_version')} is not {SCHEMA_VERSION}; "
-                    "rerun the tokenize stage",
-                )
-            raw["shards"] = {
-                task: {split: [ShardInfo(**s) for s in files] for split, files in splits.items()}
-                for task, splits in raw["shards"].items()
-            }
-            raw["pools"] = {split: ShardInfo(**s) for split, s in raw.get("pools", {}).items()}
-            raw.pop("counts", None)  # derived from the shards
-            return cls(**raw)
-        except (json.JSONDecodeError, AttributeError, KeyError, TypeError) as err:
-            raise DataError(path, f"not a hiertx manifest ({err})") from None
-
-
-def read_manifest(root: str | Path) -> Manifest:
-    """The manifest of a tokenized corpus folder."""
+def read_manifest(root: str | Path) -> TokenizeRecord:
+    """The tokenize record of a tokenized corpus folder."""
     path = Path(root) / MANIFEST_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    if not path.is_file():
         raise DataError(
             path, "no manifest: the folder was never tokenized, or a run did not finish; "
             "run python -m stages.tokenize <corpus>",
-        ) from None  # fmt: skip
-    return Manifest.from_json(text, path)
+        )  # fmt: skip
+    return TokenizeRecord.read(path)
 
 
-def write_manifest(root: str | Path, manifest: Manifest) -> Path:
+def write_manifest(root: str | Path, manifest: TokenizeRecord) -> Path:
     """Write ``manifest.json`` atomically (last, after every shard)."""
-    path = Path(root) / MANIFEST_FILE
-    _atomic_write(path, manifest.to_json().encode())
-    return path
+    return manifest.write(Path(root) / MANIFEST_FILE)
 
 
 # --------------------------------------------------------------------------- writing
@@ -288,21 +212,21 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _write_batch(root: Path, path: Path, batch: pa.RecordBatch) -> ShardInfo:
+def _write_batch(root: Path, path: Path, batch: pa.RecordBatch) -> ShardFile:
     tmp = path.with_name(f".{path.name}.tmp")
     with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
         writer.write_batch(batch)
     os.replace(tmp, path)
     rel = path.relative_to(root).as_posix()
-    return ShardInfo(rel, batch.num_rows, path.stat().st_size, _sha256(path))
+    return ShardFile(file=rel, rows=batch.num_rows, bytes=path.stat().st_size, sha256=_sha256(path))
 
 
 @dataclass(frozen=True)
 class SplitFiles:
     """What :func:`write_shards` wrote for one task and split."""
 
-    shards: list[ShardInfo]
-    pool: ShardInfo | None = None
+    shards: list[ShardFile]
+    pool: ShardFile | None = None
 
 
 def write_shards(
@@ -381,7 +305,7 @@ class ShardTable(Sequence):
                 f"no {self.task.value} examples for split {split!r} (splits: {have}); "
                 "check the corpus's tokenize.corpora.<name>.tasks",
             )
-        self.infos: list[ShardInfo] = infos
+        self.infos: list[ShardFile] = infos
         self.pool_info = self.manifest.pools.get(split) if self.task is Task.SELECT else None
         self._blocks: list[ExampleTable] | None = None
         self._starts: list[int] = []
@@ -447,7 +371,7 @@ class ShardTable(Sequence):
 def open_shard(
     path: Path,
     task: Task,
-    info: ShardInfo | None = None,
+    info: ShardFile | None = None,
     table: bytes = _ROWS,
     corpus: str | None = None,
 ) -> list[pa.RecordBatch]:
@@ -491,13 +415,13 @@ def open_shard(
 _VERIFIED: set[tuple[str, int, int, int, str]] = set()
 
 
-def _rebuild_hint(path: Path, info: ShardInfo, corpus: str | None) -> str:
+def _rebuild_hint(path: Path, info: ShardFile, corpus: str | None) -> str:
     root = path.parents[len(Path(info.file).parts) - 1]  # the tokenized corpus folder
     name = corpus or root.name
     return f"rebuild it: dvc repro -f tokenize@{name} (or delete {root} and run dvc repro)"
 
 
-def verify_shard(path: Path, info: ShardInfo, corpus: str | None = None) -> None:
+def verify_shard(path: Path, info: ShardFile, corpus: str | None = None) -> None:
     """Check one shard's sha256 against its manifest entry, once per process while the file
     is unchanged; a ``DataError`` names the file and the stage to re-run."""
     stat = path.stat()

@@ -8,10 +8,18 @@ the examples of each task the corpus's params ask for, and writes them with
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts import (
+    ACTS_FILE,
+    MANIFEST_FILE,
+    SOURCES_FILE,
+    VOCAB_FILE,
+    DownloadRecord,
+    ShardFile,
+    TokenizeRecord,
+)
 from pipeline.config import CorpusName, CorpusParams, Params, Task, TokenizeParams
 from pipeline.data.corpora import corpus_spec, read_corpus
 from pipeline.data.dialogue import Dialogue
@@ -28,21 +36,12 @@ from pipeline.data.examples import (
     vocab_texts,
 )
 from pipeline.data.formats import ParseStats, multiwoz
-from pipeline.data.shards import (
-    ACTS_FILE,
-    MANIFEST_FILE,
-    VOCAB_FILE,
-    Manifest,
-    ShardInfo,
-    write_manifest,
-    write_shards,
-)
+from pipeline.data.shards import write_manifest, write_shards
 from pipeline.data.splits import Split
 from pipeline.data.vocab import build_vocab
 from pipeline.errors import ConfigError, DataError
 from pipeline.progress import Mode, Reporter
 
-SOURCES_FILE = "SOURCES.json"
 _ACT_CORPORA = frozenset({CorpusName.MULTIWOZ.value, "multiwoz21"})
 
 
@@ -100,14 +99,11 @@ def build_examples(
     return build_lm(encoded, corpus.lm)
 
 
-def _sources(raw_dir: Path | None) -> Any:
+def _sources(raw_dir: Path | None) -> DownloadRecord | None:
     path = raw_dir / SOURCES_FILE if raw_dir is not None else None
     if path is None or not path.is_file():
         return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
+    return DownloadRecord.read(path)
 
 
 def tokenize_corpus(
@@ -116,7 +112,7 @@ def tokenize_corpus(
     out_dir: str | Path,
     params: TokenizeParams | Params,
     progress: bool | Mode = False,
-) -> Manifest:
+) -> TokenizeRecord:
     """Tokenize corpus ``name`` from ``raw_dir`` into ``out_dir`` (see ``shards.py``).
 
     ``params``: the ``tokenize`` section (or all of params.yaml). The vocabulary and act
@@ -169,8 +165,8 @@ def tokenize_corpus(
         vocab.save(out / VOCAB_FILE)
         if options.inventory is not None:
             options.inventory.save(out / ACTS_FILE)
-        shards: dict[str, dict[str, list[ShardInfo]]] = {t.value: {} for t in tasks}
-        pools: dict[str, ShardInfo] = {}
+        shards: dict[str, dict[str, list[ShardFile]]] = {t.value: {} for t in tasks}
+        pools: dict[str, ShardFile] = {}
         for split, dialogues in by_split.items():
             advance(f"encoding {split} ({len(dialogues):,} dialogues)")
             encoded = encode_dialogues(dialogues, vocab, options)
@@ -193,7 +189,7 @@ def tokenize_corpus(
             for path in (out / stale.value).glob("*.arrow"):
                 path.unlink()
     inventory = options.inventory
-    manifest = Manifest(
+    manifest = TokenizeRecord(
         corpus=name,
         vocab_hash=vocab.content_hash,
         vocab_size=len(vocab),

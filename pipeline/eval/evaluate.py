@@ -1,18 +1,18 @@
 """The evaluate stage's logic: every trained seed of a run, scored on the test split.
 
-``evaluate_run`` reads ``data/train/<model>-<corpus>/manifest.json`` (one entry per seed),
-loads each seed's exported weights and writes ``metrics/<model>-<corpus>.json`` and
-``data/eval/<model>-<corpus>/``:
+``evaluate_run`` reads the run's :class:`~pipeline.artifacts.TrainRecord` (one entry per
+seed), loads each seed's exported weights (``artifacts.load_model``) and writes, through
+the stage contract (``pipeline.artifacts``):
 
 - ``metrics/<key>.json``: flat ``{metric: value}``; with several seeds each value is the
-  mean over seeds and ``<metric>_ci95`` the half-width of its 95% Student-t interval. It
-  lies outside the git-ignored ``data/`` so that git (and so every commit and DVC
-  experiment) holds it: DVC's convention for metrics (``cache: false`` in dvc.yaml);
-- ``seeds.json``: every seed's own metrics;
-- ``per_example.jsonl``: one row per test example per seed (``seed``, ``id`` =
-  ``<dialogue id>#<turn>``, ``nll_sum``, ``n_tokens``, ``history_tokens``; generate:
-  ``hypothesis[_<suffix>]`` and ``reference``; select: ``rank``), for paired bootstraps;
-- ``samples.md``: the first histories with their reference and generated responses.
+  mean over seeds and ``<metric>_ci95`` the half-width of its 95% Student-t interval
+  (git-tracked DVC metrics);
+- ``data/eval/<key>/seeds.json`` (:class:`~pipeline.artifacts.EvalRecord`): every seed's
+  own metrics;
+- ``data/eval/<key>/per_example.jsonl`` (:class:`~pipeline.artifacts.ExampleResult`): one
+  row per test example per seed (``id`` = ``<dialogue id>#<turn>``), for paired bootstraps;
+- ``data/eval/<key>/samples.md``: the first histories with their reference and generated
+  responses.
 
 Metrics by task (names are the report's contract):
 
@@ -32,7 +32,6 @@ are in the train manifest), prefixed ``eval/``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,20 @@ import torch
 from torch import nn
 
 from pipeline import tracking
+from pipeline.artifacts import (
+    PER_EXAMPLE_FILE,
+    SAMPLES_FILE,
+    SEEDS_FILE,
+    EvalRecord,
+    ExampleResult,
+    Layout,
+    SeedMetrics,
+    TrainedSeed,
+    load_model,
+    read_train,
+    write_examples,
+    write_metrics,
+)
 from pipeline.config import (
     CorpusName,
     CorpusParams,
@@ -65,11 +78,6 @@ from pipeline.progress import Mode, Reporter
 
 TEST_SPLIT = "test"
 TRAIN_SPLIT = "train"
-TRAIN_MANIFEST = "manifest.json"
-METRICS_DIR = "metrics"  # metrics/<key>.json, tracked by git (module docstring)
-SEEDS_FILE = "seeds.json"
-PER_EXAMPLE_FILE = "per_example.jsonl"
-SAMPLES_FILE = "samples.md"
 RECALL_KS = (1, 10, 50)
 MULTIWOZ_CORPORA = frozenset({CorpusName.MULTIWOZ.value, CorpusName.MULTIWOZ21.value})
 MLFLOW_PREFIX = "eval/"
@@ -84,94 +92,45 @@ class EvalSettings:
     tracking: TrackingParams
 
 
-@dataclass(frozen=True)
-class TrainedSeed:
-    """One trained model of a run: its seed, exported weights and MLflow run (if tracked)."""
-
-    seed: int | None
-    checkpoint: Path
-    run_name: str
-    mlflow: dict[str, Any] | None
-
-
-@dataclass
-class SeedResult:
-    """One seed's metrics, per-example rows and samples text."""
-
-    metrics: dict[str, float]
-    rows: list[dict[str, Any]]
-    samples: str = ""
-
-
 @dataclass
 class _Collected:
-    """Per-example values gathered over the test batches of one seed."""
+    """Per-example values gathered over the test batches of one seed (the columns of
+    ``per_example.jsonl``)."""
 
     ids: list[str] = field(default_factory=list)
     nll_sum: list[float] = field(default_factory=list)
     n_tokens: list[int] = field(default_factory=list)
     history_tokens: list[int] = field(default_factory=list)
-    extra: dict[str, list[Any]] = field(default_factory=dict)
+    references: list[str] = field(default_factory=list)
+    hypotheses: dict[str, list[str]] = field(default_factory=dict)  # by decoding label
+    ranks: list[int] = field(default_factory=list)
 
-    def add(self, key: str, values: Sequence[Any]) -> None:
-        self.extra.setdefault(key, []).extend(values)
+    def rows(self, seed: int) -> list[ExampleResult]:
+        return [
+            ExampleResult(
+                seed=seed,
+                id=example_id,
+                nll_sum=self.nll_sum[i],
+                n_tokens=self.n_tokens[i],
+                history_tokens=self.history_tokens[i],
+                reference=self.references[i] if self.references else None,
+                hypotheses={label: hyps[i] for label, hyps in self.hypotheses.items()},
+                rank=self.ranks[i] if self.ranks else None,
+            )
+            for i, example_id in enumerate(self.ids)
+        ]
 
-    def rows(self, seed: int | None) -> list[dict[str, Any]]:
-        out = []
-        for i, example_id in enumerate(self.ids):
-            row = {
-                "seed": seed,
-                "id": example_id,
-                "nll_sum": self.nll_sum[i],
-                "n_tokens": self.n_tokens[i],
-                "history_tokens": self.history_tokens[i],
-            }
-            row.update({k: v[i] for k, v in self.extra.items()})
-            out.append(row)
-        return out
+
+@dataclass
+class SeedResult:
+    """One seed's metrics, per-example values and samples text."""
+
+    metrics: dict[str, float]
+    examples: _Collected
+    samples: str = ""
 
 
 # --------------------------------------------------------------------------- inputs
-
-
-def trained_seeds(train_dir: Path, root: Path) -> list[TrainedSeed]:
-    """The seeds of a trained run, from its ``manifest.json`` (a ``seeds`` list, or the
-    single-seed manifest ``train_run`` writes, whose seed is then unknown: ``None``)."""
-    path = train_dir / TRAIN_MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(path, "no trained model: run the train stage for this run first") from None
-    except json.JSONDecodeError as err:
-        raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
-    entries = manifest.get("seeds") or [manifest]
-    seeds = []
-    for entry in entries:
-        if "checkpoint" not in entry:
-            raise DataError(path, "a seed entry has no 'checkpoint'; rerun the train stage")
-        checkpoint = Path(entry["checkpoint"])
-        seeds.append(
-            TrainedSeed(
-                seed=entry.get("seed"),
-                checkpoint=checkpoint if checkpoint.is_absolute() else root / checkpoint,
-                run_name=str(entry.get("run_name", "")),
-                mlflow=entry.get("mlflow"),
-            )
-        )
-    return seeds
-
-
-def load_model(checkpoint: Path, device: torch.device) -> nn.Module:
-    """The exported model of ``checkpoint``, rebuilt through the registry, in eval mode."""
-    from pipeline.models import registry
-    from pipeline.train.checkpoint import load_checkpoint
-
-    state = load_checkpoint(checkpoint)
-    name = state["model_name"]
-    config = registry.spec(name).config_cls.model_validate(state["model_config"])
-    model = registry.build_from_config(name, config)
-    model.load_state_dict(state["model"])
-    return model.to(device).eval()
 
 
 def word_vectors(settings: EvaluateParams, shards: Path, vocab: Vocab) -> text.Vectors:
@@ -273,7 +232,7 @@ def evaluate_generate(
         got.n_tokens += nll.n_tokens.tolist()
         got.history_tokens += history_tokens(batch.history).tolist()
         refs = [vocab.decode(e.target_ids) for e in examples]
-        got.add("reference", refs)
+        got.references += refs
         hyps_by_suffix = {}
         for suffix, config in configs.items():
             if bar is not None and len(configs) > 1:
@@ -283,7 +242,7 @@ def evaluate_generate(
                 text.strip_special(vocab.decode(row[:n].tolist()))
                 for row, n in zip(out.tokens.cpu(), out.lengths.cpu(), strict=True)
             ]
-            got.add(f"hypothesis{suffix}", hyps)
+            got.hypotheses.setdefault(decode_label(suffix), []).extend(hyps)
             hyps_by_suffix[suffix] = hyps
         for i in range(len(examples)):
             if len(samples) >= ev.n_samples:
@@ -293,15 +252,15 @@ def evaluate_generate(
                 "",
                 f"- history: {history_text(batch.history.to('cpu'), i, vocab)}",
                 f"- reference: {refs[i]}",
-                *(f"- {_label(s)}: {h[i]}" for s, h in hyps_by_suffix.items()),
+                *(f"- generated ({decode_label(s)}): {h[i]}" for s, h in hyps_by_suffix.items()),
                 "",
             ]
     _require_examples(got, dataset)
     metrics = {"n_examples": float(len(got.ids)), **_nll_metrics(got)}
-    refs = got.extra["reference"]
+    refs = got.references
     bleu_tokenize = "none" if multiwoz is not None else text.DEFAULT_TOKENIZE
     for suffix in configs:
-        hyps = got.extra[f"hypothesis{suffix}"]
+        hyps = got.hypotheses[decode_label(suffix)]
         chat = text.chateval(hyps, refs, vectors)
         metrics.update(
             {
@@ -325,11 +284,13 @@ def evaluate_generate(
         corr = stats.pearson(lengths[keep], mean_nll)
         metrics["length_loss_pearson_r"] = corr.r
         metrics["length_loss_pearson_p"] = corr.p_value
-    return SeedResult(metrics, got.rows(None), "\n".join(samples))
+    return SeedResult(metrics, got, "\n".join(samples))
 
 
-def _label(suffix: str) -> str:
-    return f"generated ({suffix.lstrip('_')})" if suffix else "generated (greedy)"
+def decode_label(suffix: str) -> str:
+    """A decoding's name in ``per_example.jsonl`` and samples: its metric suffix without
+    the underscore (``beam5``), ``greedy`` for greedy's empty suffix."""
+    return suffix.lstrip("_") or "greedy"
 
 
 def multiwoz_metrics(
@@ -391,14 +352,14 @@ def evaluate_select(
             got.nll_sum += per_example.double().cpu().tolist()
             got.n_tokens += [1] * len(examples)
             got.history_tokens += history_tokens(batch.history).cpu().tolist()
-            got.add("rank", rank.tolist())
+            got.ranks += rank.tolist()
     _require_examples(got, dataset)
     all_ranks = torch.cat(ranks)
     metrics = {"n_examples": float(len(got.ids))}
     for k in RECALL_KS:
         metrics[f"recall_at_{k}"] = ranking.recall_from_ranks(all_ranks, k)
     metrics["mrr"] = ranking.mrr_from_ranks(all_ranks)
-    return SeedResult(metrics, got.rows(None))
+    return SeedResult(metrics, got)
 
 
 def evaluate_lm(
@@ -420,7 +381,7 @@ def evaluate_lm(
         got.n_tokens += nll.n_tokens.cpu().tolist()
         got.history_tokens += batch.flat_mask.long().sum(-1).cpu().tolist()
     _require_examples(got, dataset)
-    return SeedResult({"n_examples": float(len(got.ids)), **_nll_metrics(got)}, got.rows(None))
+    return SeedResult({"n_examples": float(len(got.ids)), **_nll_metrics(got)}, got)
 
 
 def _nll_metrics(got: _Collected) -> dict[str, float]:
@@ -459,34 +420,11 @@ def aggregate(per_seed: Sequence[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN/inf are not JSON: written as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def metrics_path(root: Path, key: str) -> Path:
-    """Where the evaluate stage writes run ``key``'s aggregated metrics (module docstring)."""
-    return root / METRICS_DIR / f"{key}.json"
-
-
-def _write_json(path: Path, content: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(_json_safe(content), indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
-
-
-def _multiwoz_inputs(corpus_name: str, settings: EvalSettings, root: Path) -> tuple[Any, Any]:
+def _multiwoz_inputs(corpus_name: str, settings: EvalSettings, raw: Path) -> tuple[Any, Any]:
     from pipeline.data.formats import ParseStats
     from pipeline.data.tokenize import read_splits
     from pipeline.eval.multiwoz import MultiWozDB
 
-    raw = root / "data" / "raw" / corpus_name
     section = TokenizeParams(corpora={corpus_name: settings.corpus})
     dialogues = read_splits(corpus_name, raw, section, ParseStats()).get(TEST_SPLIT, [])
     return dialogues, MultiWozDB.load(raw)
@@ -494,12 +432,12 @@ def _multiwoz_inputs(corpus_name: str, settings: EvalSettings, root: Path) -> tu
 
 def _log_to_mlflow(seed: TrainedSeed, metrics: dict[str, float], samples: Path, root: Path):
     info = seed.mlflow
-    if not info or not info.get("run_id"):
+    if info is None:
         return
     ref = tracking.RunRef(
-        tracking.resolve_uri(info["tracking_uri"], root),  # manifests keep it relative
-        info["run_id"],
-        info["experiment"],
+        tracking.resolve_uri(info.tracking_uri, root),  # records keep it relative
+        info.run_id,
+        info.experiment,
         seed.run_name,
         tracking.fallback_uri(root),
     )
@@ -523,12 +461,12 @@ def evaluate_run(
     from pipeline.config import run_key
     from pipeline.models import registry
 
-    root = Path(root).resolve()
+    layout = Layout(Path(root).resolve())
     key = run_key(model_name, corpus)
     task = registry.spec(model_name).task
-    shards = root / "data" / "shards" / corpus
-    seeds = trained_seeds(root / "data" / "train" / key, root)
-    out = root / "data" / "eval" / key
+    shards = layout.shards(corpus)
+    seeds = read_train(layout, key).seeds
+    out = layout.eval_out(key)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vocab = load_vocab(shards)
@@ -538,46 +476,43 @@ def evaluate_run(
     if task.value == Task.GENERATE:
         vectors = word_vectors(settings.evaluate, shards, vocab)
         if corpus in MULTIWOZ_CORPORA:
-            multiwoz = _multiwoz_inputs(corpus, settings, root)
+            multiwoz = _multiwoz_inputs(corpus, settings, layout.raw(corpus))
 
-    per_seed: list[dict[str, Any]] = []
+    per_seed: list[SeedMetrics] = []
+    rows: list[ExampleResult] = []
     samples_text = ""
-    with (out / PER_EXAMPLE_FILE).open("w") as rows_file:
-        ev = settings.evaluate
-        for seed in seeds:
-            model = load_model(seed.checkpoint, device)
-            bar = Reporter(
-                f"evaluate {key}" + (f" (seed {seed.seed})" if seed.seed is not None else ""),
-                n_test_batches(dataset, ev.batch_size, ev.max_batches),
-                unit="batch",
-                units="batches",
-                show=progress,
-            )
-            with torch.no_grad(), bar:
-                if task.value == Task.GENERATE:
-                    result = evaluate_generate(
-                        model, dataset, vocab, settings, decodes, vectors, device, multiwoz, bar
-                    )
-                elif task.value == Task.SELECT:
-                    result = evaluate_select(model, dataset, settings, device, bar)
-                else:
-                    result = evaluate_lm(model, dataset, settings, device, bar)
-            for row in result.rows:
-                rows_file.write(json.dumps(_json_safe({**row, "seed": seed.seed})) + "\n")
-            if not samples_text:
-                samples_text = result.samples
-            per_seed.append(
-                {"seed": seed.seed, "checkpoint": str(seed.checkpoint), "metrics": result.metrics}
-            )
-            seed_samples = out / SAMPLES_FILE
-            seed_samples.write_text(_samples_md(key, samples_text))
-            if settings.tracking.enabled:
-                _log_to_mlflow(seed, result.metrics, seed_samples, root)
-    metrics = aggregate([s["metrics"] for s in per_seed])
-    _write_json(out / SEEDS_FILE, {"model": model_name, "corpus": corpus, "seeds": per_seed})
-    metrics_file = metrics_path(root, key)
-    metrics_file.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(metrics_file, metrics)
+    ev = settings.evaluate
+    for seed in seeds:
+        model = load_model(layout.resolve(seed.checkpoint), device)
+        bar = Reporter(
+            f"evaluate {key} (seed {seed.seed})",
+            n_test_batches(dataset, ev.batch_size, ev.max_batches),
+            unit="batch",
+            units="batches",
+            show=progress,
+        )
+        with torch.no_grad(), bar:
+            if task.value == Task.GENERATE:
+                result = evaluate_generate(
+                    model, dataset, vocab, settings, decodes, vectors, device, multiwoz, bar
+                )
+            elif task.value == Task.SELECT:
+                result = evaluate_select(model, dataset, settings, device, bar)
+            else:
+                result = evaluate_lm(model, dataset, settings, device, bar)
+        rows += result.examples.rows(seed.seed)
+        samples_text = samples_text or result.samples
+        per_seed.append(
+            SeedMetrics(seed=seed.seed, checkpoint=seed.checkpoint, metrics=result.metrics)
+        )
+        seed_samples = out / SAMPLES_FILE
+        seed_samples.write_text(_samples_md(key, samples_text))
+        if settings.tracking.enabled:
+            _log_to_mlflow(seed, result.metrics, seed_samples, layout.root)
+    metrics = aggregate([s.metrics for s in per_seed])
+    write_examples(out / PER_EXAMPLE_FILE, rows)
+    EvalRecord(model=model_name, corpus=corpus, seeds=per_seed).write(out / SEEDS_FILE)
+    write_metrics(layout.metrics(key), metrics)
     return metrics
 
 

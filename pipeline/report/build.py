@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline import tracking
+from pipeline.artifacts import Layout
 from pipeline.config import Params, Task
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.models.unet import UNetConfig
@@ -61,16 +62,15 @@ class Report:
 # --------------------------------------------------------------------------- inputs
 
 
-def read_curves(run: RunResult) -> list[plots.Curve]:
+def read_curves(run: RunResult, root: Path) -> list[plots.Curve]:
     """Each trained seed's validation loss history from its MLflow run (none without)."""
     curves = []
     for trained in run.trained:
-        if trained.mlflow_uri is None or trained.mlflow_run_id is None:
+        if trained.mlflow is None:
             continue
         try:
-            points = tracking.metric_history(
-                trained.mlflow_uri, trained.mlflow_run_id, VALID_LOSS_KEY
-            )
+            uri = tracking.resolve_uri(trained.mlflow.tracking_uri, root)
+            points = tracking.metric_history(uri, trained.mlflow.run_id, VALID_LOSS_KEY)
         except Exception as err:  # a store gone or moved must not sink the whole report
             warnings.warn(
                 f"{run.key}: no learning curve ({type(err).__name__}: {err})", stacklevel=2
@@ -119,7 +119,7 @@ def mask_example(
     for corpus in params.corpora:
         if Task.GENERATE not in params.corpus(corpus).tasks:
             continue
-        shards = root / "data" / "shards" / corpus.value
+        shards = Layout(root).shards(corpus.value)
         dataset = open_split(shards, Task.GENERATE, MASK_SPLIT)
         vocab = load_vocab(shards)
         for index in range(len(dataset)):
@@ -147,7 +147,7 @@ def unet_configs(runs: list[RunResult], vocab_size: int = 20000) -> list[tuple[s
 
 
 def make_figures(params: Params, root: Path, out: Path, runs: list[RunResult]) -> Figures:
-    curves = [c for r in runs for c in read_curves(r)]
+    curves = [c for r in runs for c in read_curves(r, root)]
     write_curves_csv(curves, root / CURVES_FILE)
     generate = [r for r in runs if r.task == Task.GENERATE.value]
     example = mask_example(params, root)
@@ -289,7 +289,9 @@ def log_to_mlflow(
             tracking.TAG_STAGE: "report",
             tracking.TAG_GIT: tracking.git_commit(root),
             **{
-                f"hiertx.covers.{r.key}": ",".join(t.mlflow_run_id or "-" for t in r.trained)
+                f"hiertx.covers.{r.key}": ",".join(
+                    t.mlflow.run_id if t.mlflow else "-" for t in r.trained
+                )
                 for r in runs
             },
         },
@@ -315,7 +317,7 @@ def build_report(params: Params, root: str | Path = ".", seed: int = 0) -> Repor
     runs = load_results(params, root)
     candidates = {c.value: p.select.n_candidates_eval for c, p in params.tokenize.corpora.items()}
     references = (
-        *unigram_references(runs, root / "data" / "shards"),
+        *unigram_references(runs, Layout(root)),
         *chance_references(runs, candidates),
     )
     tables = build_tables(runs, n_samples, seed, _bleu_tokenizers(params), references)

@@ -13,8 +13,7 @@ random has ``R@k = k / N`` and ``MRR = H_N / N`` (``H_N``: the N-th harmonic num
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from pipeline.artifacts import Layout
 from pipeline.eval.evaluate import RECALL_KS
 from pipeline.eval.unigram import unigram_score
 from pipeline.report.results import RunResult
@@ -26,7 +25,7 @@ CHANCE = "chance"
 PERPLEXITY_TASKS = ("generate", "lm")
 
 
-def unigram_references(runs: list[RunResult], shards_root: Path) -> tuple[Reference, ...]:
+def unigram_references(runs: list[RunResult], layout: Layout) -> tuple[Reference, ...]:
     """One unigram :class:`Reference` per (corpus, perplexity task) that has runs."""
     references = []
     seen: set[tuple[str, str]] = set()
@@ -37,7 +36,7 @@ def unigram_references(runs: list[RunResult], shards_root: Path) -> tuple[Refere
         seen.add(where)
         first_seed = run.examples[0].seed
         rows = [r for r in run.examples if r.seed == first_seed]
-        score = unigram_score(shards_root / run.corpus, run.task, [r.id for r in rows])
+        score = unigram_score(layout.shards(run.corpus), run.task, [r.id for r in rows])
         model_tokens = sum(r.n_tokens for r in rows)
         note = None
         if score.n_tokens != model_tokens or score.n_examples != len(rows):

@@ -33,9 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as scipy_stats
 
+from pipeline.artifacts import ExampleResult
 from pipeline.eval import text
+from pipeline.eval.evaluate import decode_label
 from pipeline.eval.stats import paired_bootstrap
-from pipeline.report.results import ExampleRow, RunResult
+from pipeline.report.results import RunResult
 
 ALPHA = 0.05
 BETTER, WORSE = "▲", "▼"
@@ -71,18 +73,18 @@ class Comparison:
         return ""
 
 
-def _by_id(rows: tuple[ExampleRow, ...]) -> dict[str, list[ExampleRow]]:
-    grouped: dict[str, list[ExampleRow]] = {}
+def _by_id(rows: tuple[ExampleResult, ...]) -> dict[str, list[ExampleResult]]:
+    grouped: dict[str, list[ExampleResult]] = {}
     for row in rows:
         grouped.setdefault(row.id, []).append(row)
     return grouped
 
 
-Statistic = Callable[[list[ExampleRow]], np.ndarray]  # one example's seeds -> a stats row
+Statistic = Callable[[list[ExampleResult]], np.ndarray]  # one example's seeds -> a stats row
 Score = Callable[[np.ndarray, object], float]  # stats rows of a sample -> higher is better
 
 
-def _ppl_rows(rows: list[ExampleRow]) -> np.ndarray:
+def _ppl_rows(rows: list[ExampleResult]) -> np.ndarray:
     return np.array([sum(r.nll_sum for r in rows), sum(r.n_tokens for r in rows)], float)
 
 
@@ -95,23 +97,23 @@ def _mean(stats: np.ndarray, _refs: object = None) -> float:
 
 
 def _recall_rows(k: int) -> Statistic:
-    def rows_fn(rows: list[ExampleRow]) -> np.ndarray:
+    def rows_fn(rows: list[ExampleResult]) -> np.ndarray:
         hits = [r.rank is not None and 1 <= r.rank <= k for r in rows]
         return np.array([float(np.mean(hits))])
 
     return rows_fn
 
 
-def _mrr_rows(rows: list[ExampleRow]) -> np.ndarray:
+def _mrr_rows(rows: list[ExampleResult]) -> np.ndarray:
     return np.array([float(np.mean([1.0 / r.rank if r.rank else 0.0 for r in rows]))])
 
 
-def _bleu_rows(field: str, tokenize: str) -> Statistic:
-    def rows_fn(rows: list[ExampleRow]) -> np.ndarray:
-        hyps = [getattr(r, field) for r in rows]
+def _bleu_rows(decoding: str, tokenize: str) -> Statistic:
+    def rows_fn(rows: list[ExampleResult]) -> np.ndarray:
+        hyps = [r.hypotheses.get(decoding) for r in rows]
         refs = [r.reference for r in rows]
         if any(h is None for h in hyps) or any(r is None for r in refs):
-            raise NotComparable(f"per_example.jsonl lacks {field}/reference")
+            raise NotComparable(f"per_example.jsonl lacks {decoding} hypotheses/references")
         return text.bleu_stats(hyps, refs, tokenize).sum(0)
 
     return rows_fn
@@ -125,8 +127,7 @@ def _statistic(metric: str, bleu_tokenize: str) -> tuple[Statistic, Score]:
     if metric == "test_ppl":
         return _ppl_rows, _neg_ppl
     if metric in ("bleu", "bleu_beam5"):
-        field = "hypothesis" if metric == "bleu" else "hypothesis_beam5"
-        return _bleu_rows(field, bleu_tokenize), _bleu
+        return _bleu_rows(decode_label(metric.removeprefix("bleu")), bleu_tokenize), _bleu
     if metric.startswith("recall_at_"):
         return _recall_rows(int(metric.removeprefix("recall_at_"))), _mean
     if metric == "mrr":

@@ -330,7 +330,7 @@ def overview(runs: list[RunResult]) -> list[OverviewRow]:
     rows = []
     for run in runs:
         headline = HEADLINE[run.task]
-        steps = [t.metrics["steps"] for t in run.trained if "steps" in t.metrics]
+        steps = [t.metric("steps") for t in run.trained if t.metrics.get("steps") is not None]
         rows.append(
             OverviewRow(
                 run.key,

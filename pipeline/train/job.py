@@ -15,10 +15,10 @@ from typing import Any
 
 from torch import nn
 
+from pipeline.artifacts import MANIFEST_FILE, TokenizeRecord
 from pipeline.config import RunParams
 from pipeline.data.batch import Batch
 from pipeline.data.loader import BatchLoader, open_split
-from pipeline.data.shards import MANIFEST_FILE
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import ModelConfig
@@ -141,9 +141,11 @@ def shard_data(root: Path, task: str, params: RunParams) -> ShardData:
 
 
 def data_fingerprint(root: Path) -> str:
-    """Hash of a tokenized corpus folder's manifest (changes whenever its shards do)."""
-    path = root / MANIFEST_FILE
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "none"
+    """What identifies a tokenized corpus folder's data (``TokenizeRecord.fingerprint``);
+    ``none`` for a folder not tokenized yet."""
+    if not (root / MANIFEST_FILE).is_file():
+        return "none"
+    return TokenizeRecord.read(root / MANIFEST_FILE).fingerprint()
 
 
 def params_hash(*parts: Any) -> str:

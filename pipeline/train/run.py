@@ -15,14 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import tracking
+from pipeline.artifacts import (
+    BEST_FILE,
+    MODEL_FILE,
+    VOCAB_FILE,
+    Layout,
+    MlflowRef,
+    TrainedSeed,
+    TuneRecord,
+    load_model,
+    save_model,
+)
 from pipeline.config import CorpusName, Params, RunParams, run_key
 from pipeline.data.loader import load_vocab
-from pipeline.data.shards import VOCAB_FILE
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import TaskKind
 from pipeline.serving import ServingSpec
-from pipeline.train.checkpoint import save_checkpoint, write_json
 from pipeline.train.distributed import fit, has_checkpoint, ray_cluster, storage_path
 from pipeline.train.job import (
     ConfiguredModel,
@@ -34,33 +43,7 @@ from pipeline.train.job import (
     shard_data,
 )
 from pipeline.train.loop import TrainJob
-from pipeline.train.tune import BEST_FILE, TrialSetup, read_best, search, search_exists
-
-MODEL_FILE = "model.pt"
-MANIFEST_FILE = "manifest.json"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the stages read and write, relative to the project ``root``."""
-
-    root: Path
-
-    def shards(self, corpus: str) -> Path:
-        return self.root / "data" / "shards" / corpus
-
-    def train_out(self, key: str) -> Path:
-        return self.root / "data" / "train" / key
-
-    def tune_out(self, key: str) -> Path:
-        return self.root / "data" / "tune" / key
-
-    def relative(self, path: Path) -> str:
-        try:
-            return str(path.resolve().relative_to(self.root.resolve()))
-        except ValueError:
-            return str(path)
-
+from pipeline.train.tune import TrialSetup, search, search_exists
 
 # --------------------------------------------------------------------------- checks
 
@@ -75,7 +58,7 @@ class Plan:
     params: RunParams
     config: dict[str, Any]
     vocab_size: int
-    tuned_from: dict[str, Any] | None
+    tuned_from: TuneRecord | None
 
 
 def _task(params: Params, model: str, corpus: str, where: str) -> TaskKind:
@@ -100,12 +83,12 @@ def plan_train(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
     run = params.train.run(model, corpus)
     best = None
     if tuned:
-        best = read_best(layout.tune_out(key) / BEST_FILE)
+        best = TuneRecord.read(layout.tune_out(key) / BEST_FILE)
         run = run.model_validate(
             {
                 **run.model_dump(),
-                "model": {**run.model, **best["config"]},
-                "optimizer": {**run.optimizer.model_dump(), **best["optimizer"]},
+                "model": {**run.model, **best.config},
+                "optimizer": {**run.optimizer.model_dump(), **best.optimizer},
             }
         )
     workers = max(params.train.scale.num_workers, 1)
@@ -171,12 +154,9 @@ def sample_generations(
 
     from pipeline.data.loader import BatchLoader, open_split
     from pipeline.decode import DecodeConfig, generate
-    from pipeline.train.checkpoint import load_checkpoint
     from pipeline.train.job import VALID_SPLIT
 
-    state = load_checkpoint(model_file)
-    model = RegistryModel(state["model_name"], state["model_config"])()
-    model.load_state_dict(state["model"])
+    model = load_model(model_file)
     vocab = load_vocab(shards)
     loader = BatchLoader(open_split(shards, task, VALID_SPLIT), n, shuffle=False, bucket=False)
     batch = next(iter(loader))
@@ -196,9 +176,16 @@ def sample_generations(
 
 
 def train_run(
-    params: Params, model: str, corpus: str, root: str | Path = ".", show_progress: bool = True
-) -> dict[str, Any]:
-    """Train (or resume) ``model`` on ``corpus``; returns the manifest it writes."""
+    params: Params,
+    model: str,
+    corpus: str,
+    root: str | Path = ".",
+    show_progress: bool = True,
+    model_file: Path | None = None,
+) -> TrainedSeed:
+    """Train (or resume) ``model`` on ``corpus`` and export its best weights to
+    ``model_file`` (default ``data/train/<key>/model.pt``); returns the seed's record
+    (``seeds.train_seeds`` writes the run's :class:`~pipeline.artifacts.TrainRecord`)."""
     layout = Layout(Path(root).resolve())
     plan = plan_train(params, model, corpus, layout)
     scale = params.train.scale
@@ -237,44 +224,41 @@ def train_run(
             label=f"train {run_key(model, corpus)} (seed {plan.params.seed})",
         )
         result = fit(job, scale, storage)
-        out = layout.train_out(run_key(model, corpus))
-        model_file = _export(result.load(), result.metrics, name, out / MODEL_FILE)
-        manifest: dict[str, Any] = {
-            "model": model,
-            "corpus": corpus,
-            "task": plan.task.value,
-            "run_name": name,
-            "checkpoint": layout.relative(model_file),
-            "run_checkpoint": layout.relative(Path(result.checkpoint))
-            if "://" not in result.checkpoint
-            else result.checkpoint,
-            "metrics": result.metrics,
-            "tuned_from": plan.tuned_from,
-        }
+        if model_file is None:
+            model_file = layout.train_out(run_key(model, corpus)) / MODEL_FILE
+        _export(result.load(), result.metrics, name, model_file)
+        mlflow = None
         if tracker is not None:
-            manifest["mlflow"] = _track_final(params, plan, layout, tracker, model_file, result)
+            mlflow = _track_final(params, plan, layout, tracker, model_file, result)
             tracker.end()
     except BaseException:
         if tracker is not None:
             tracker.end("FAILED")
         raise
-    write_json(out / MANIFEST_FILE, manifest)
-    return manifest
+    return TrainedSeed(
+        seed=plan.params.seed,
+        run_name=name,
+        checkpoint=layout.relative(model_file),
+        run_checkpoint=result.checkpoint
+        if "://" in result.checkpoint
+        else layout.relative(Path(result.checkpoint)),
+        metrics=result.metrics,
+        tuned_from=plan.tuned_from.model_dump(mode="json") if plan.tuned_from else None,
+        mlflow=mlflow,
+    )
 
 
 def _export(state: dict[str, Any], metrics: dict[str, float], name: str, path: Path) -> Path:
     """The best weights (final ones if never evaluated better) with what rebuilds them."""
     weights = state.get("best_model") or state["model"]
-    return save_checkpoint(
-        {
-            "model_name": state["model_name"],
-            "model_config": state["model_config"],
-            "task": state["task"],
-            "model": weights,
-            "metrics": metrics,
-            "run_name": name,
-        },
+    return save_model(
         path,
+        state["model_name"],
+        state["model_config"],
+        state["task"],
+        weights,
+        metrics,
+        run_name=name,
     )
 
 
@@ -285,7 +269,7 @@ def _track_final(
     tracker: tracking.Tracker,
     model_file: Path,
     result: Any,
-) -> dict[str, Any]:
+) -> MlflowRef:
     tracker.log_metrics(
         {f"final_{k}": v for k, v in result.metrics.items()}, int(result.metrics["steps"])
     )
@@ -310,15 +294,15 @@ def _track_final(
             vocab=shards / VOCAB_FILE,
             spec=serving_spec(params, plan),
         )
-    return {
-        "tracking_uri": tracking.portable_uri(tracker.ref.uri, layout.root),
-        "experiment": tracker.ref.experiment,
-        "run_id": tracker.run_id,
-        "fallback": tracker.fell_back,
-        "checkpoint_uri": f"runs:/{tracker.run_id}/checkpoint/{MODEL_FILE}",
-        "registered_model": registered if version is not None else None,
-        "model_version": version,
-    }
+    return MlflowRef(
+        tracking_uri=tracking.portable_uri(tracker.ref.uri, layout.root),
+        experiment=tracker.ref.experiment,
+        run_id=tracker.run_id,
+        fallback=tracker.fell_back,
+        checkpoint_uri=f"runs:/{tracker.run_id}/checkpoint/{MODEL_FILE}",
+        registered_model=registered if version is not None else None,
+        model_version=version,
+    )
 
 
 # --------------------------------------------------------------------------- tune
@@ -347,8 +331,9 @@ def plan_tune(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
 
 def tune_run(
     params: Params, model: str, corpus: str, root: str | Path = ".", show_progress: bool = True
-) -> dict[str, Any]:
-    """Search ``model``'s hyper-parameters on ``corpus``; returns the best.json content."""
+) -> TuneRecord:
+    """Search ``model``'s hyper-parameters on ``corpus``; writes and returns the best
+    trial's record (``data/tune/<key>/best.json``)."""
     layout = Layout(Path(root).resolve())
     plan = plan_tune(params, model, corpus, layout)
     scale, tune_params = params.train.scale, params.tune
@@ -393,7 +378,7 @@ def tune_run(
         )
         with ray_cluster():
             result = search(name, setup, space, show_progress, f"tune {run_key(model, corpus)}")
-        best = result.to_json(
+        best = result.record(
             model=model,
             corpus=corpus,
             search=name,
@@ -404,11 +389,11 @@ def tune_run(
             # never reported) FAILED
             parent.end_children(result.trial_status, default="FAILED")
             parent.log_metrics({"best_valid_loss": result.valid_loss}, step=0)
-            parent.log_dict(best, BEST_FILE)
+            parent.log_dict(best.model_dump(mode="json"), BEST_FILE)
             parent.end()
     except BaseException:
         if parent is not None:
             parent.end("FAILED")
         raise
-    write_json(layout.tune_out(run_key(model, corpus)) / BEST_FILE, best)
+    best.write(layout.tune_out(run_key(model, corpus)) / BEST_FILE)
     return best

@@ -1,23 +1,20 @@
 """Several seeds of one run: ``train.*.seeds`` models, seed i trained with ``seed + 1000 i``.
 
-A thin wrapper over ``run.train_run`` (which trains one model): for each seed it trains
-with the seed overridden (so each seed is its own Ray run and MLflow run, resumable like
-any other), then, with more than one seed, moves the exported model into
-``data/train/<key>/seed-<i>/``. The run's ``manifest.json`` always lists the seeds:
-``{"seeds": [{"seed": s, ...that seed's train_run manifest...}], ...the first seed's
-manifest...}`` (so a one-seed run keeps ``data/train/<key>/model.pt`` and every field
-readers used before). The offset 1000 keeps seeds apart from the per-worker offsets
-(worker r seeds ``seed + r``).
+A thin wrapper over ``run.train_run`` (which trains one model): each seed trains with the
+seed overridden (so each seed is its own Ray run and MLflow run, resumable like any other)
+and exports to ``data/train/<key>/model.pt`` (one seed) or ``data/train/<key>/seed-<i>/
+model.pt``; then the run's :class:`~pipeline.artifacts.TrainRecord` lists them all. The
+offset 1000 keeps seeds apart from the per-worker offsets (worker r seeds ``seed + r``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from pipeline.artifacts import MANIFEST_FILE, MODEL_FILE, Layout, TrainRecord
 from pipeline.config import Params, parse_params, run_key
-from pipeline.train.checkpoint import write_json
-from pipeline.train.run import MANIFEST_FILE, MODEL_FILE, Layout, train_run
+from pipeline.models import registry
+from pipeline.train.run import train_run
 
 SEED_STRIDE = 1000
 
@@ -43,23 +40,19 @@ def with_seed(params: Params, model: str, corpus: str, seed: int) -> Params:
 
 def train_seeds(
     params: Params, model: str, corpus: str, root: str | Path = ".", show_progress: bool = True
-) -> dict[str, Any]:
-    """Train every seed of ``model`` on ``corpus``; returns the manifest it writes."""
+) -> TrainRecord:
+    """Train every seed of ``model`` on ``corpus``; writes and returns the run's record."""
     layout = Layout(Path(root).resolve())
     run = params.train.run(model, corpus)
     seeds = seed_values(run.seed, run.seeds)
     out = layout.train_out(run_key(model, corpus))
-    entries = []
+    trained = []
     for i, seed in enumerate(seeds):
+        folder = out / f"seed-{i}" if len(seeds) > 1 else out
         seeded = with_seed(params, model, corpus, seed)
-        manifest = train_run(seeded, model, corpus, root, show_progress)
-        if len(seeds) > 1:
-            folder = out / f"seed-{i}"
-            folder.mkdir(parents=True, exist_ok=True)
-            moved = (out / MODEL_FILE).replace(folder / MODEL_FILE)
-            manifest["checkpoint"] = layout.relative(moved)
-            write_json(folder / MANIFEST_FILE, manifest)
-        entries.append({"seed": seed, **manifest})
-    combined = {**entries[0], "seeds": entries}
-    write_json(out / MANIFEST_FILE, combined)
-    return combined
+        trained.append(train_run(seeded, model, corpus, root, show_progress, folder / MODEL_FILE))
+    record = TrainRecord(
+        model=model, corpus=corpus, task=registry.spec(model).task.value, seeds=trained
+    )
+    record.write(out / MANIFEST_FILE)
+    return record

@@ -11,7 +11,6 @@ storage path: running it again resumes it (``Tuner.restore``), finished trials i
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from pipeline.artifacts import TuneRecord
 from pipeline.config import (
     RunParams,
     ScaleParams,
@@ -34,7 +34,6 @@ from pipeline.train.distributed import report_with_checkpoint, trainer
 from pipeline.train.loop import DataFactory, TrainJob, train_worker
 
 METRIC = "valid_loss"
-BEST_FILE = "best.json"
 
 
 # --------------------------------------------------------------------------- space
@@ -215,16 +214,20 @@ class SearchResult:
     n_errors: int
     trial_status: dict[str, str] = field(default_factory=dict)  # trial id -> MLflow status
 
-    def to_json(self, **extra: Any) -> dict[str, Any]:
-        return {
-            "config": self.best.get("model", {}),
-            "optimizer": self.best.get("optimizer", {}),
-            "valid_loss": self.valid_loss,
-            "trial_id": self.trial_id,
-            "trials": self.n_trials,
-            "errored_trials": self.n_errors,
-            **extra,
-        }
+    def record(self, model: str, corpus: str, search: str, parent_run_id: str | None) -> TuneRecord:
+        """The stage's output record (``data/tune/<key>/best.json``)."""
+        return TuneRecord(
+            model=model,
+            corpus=corpus,
+            search=search,
+            parent_run_id=parent_run_id,
+            config=self.best.get("model", {}),
+            optimizer=self.best.get("optimizer", {}),
+            valid_loss=self.valid_loss,
+            trial_id=self.trial_id,
+            trials=self.n_trials,
+            errored_trials=self.n_errors,
+        )
 
 
 def search(
@@ -321,17 +324,3 @@ def search_exists(name: str, storage: str) -> bool:
     from ray import tune
 
     return bool(tune.Tuner.can_restore(f"{storage.rstrip('/')}/{name}"))
-
-
-def read_best(path: str | Path) -> dict[str, Any]:
-    """The tune result a tuned run's training starts from."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(
-            "tune.runs", f"{path} not found: run the tune stage first (dvc repro)"
-        ) from None
-    if not isinstance(raw, dict) or "config" not in raw or "optimizer" not in raw:
-        raise ConfigError("tune.runs", f"{path} is not a tune result (no config/optimizer)")
-    return raw

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.artifacts import VOCAB_FILE
 from pipeline.config import Params, Task
 from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
 from pipeline.data.examples import (
@@ -30,7 +31,6 @@ from pipeline.data.loader import (
     plan_batches,
     read_manifest,
 )
-from pipeline.data.shards import VOCAB_FILE
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.errors import DataError
 

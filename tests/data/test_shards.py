@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.artifacts import MANIFEST_FILE, TokenizeRecord
 from pipeline.config import GenerateParams, LMParams, SelectParams, Task, VocabParams
 from pipeline.data import shards
 from pipeline.data.dialogue import Dialogue, Turn
@@ -23,8 +24,6 @@ from pipeline.data.examples import (
     vocab_texts,
 )
 from pipeline.data.shards import (
-    MANIFEST_FILE,
-    Manifest,
     ShardTable,
     read_manifest,
     verify_shards,
@@ -94,7 +93,10 @@ def write(root: Path, task: Task, tables: dict[str, ExampleTable | list], rows: 
         shards[split] = files.shards
         if files.pool is not None:
             pools[split] = files.pool
-    write_manifest(root, Manifest("test", "hash", 50, {task.value: shards}, pools))
+    record = TokenizeRecord(
+        corpus="test", vocab_hash="hash", vocab_size=50, shards={task.value: shards}, pools=pools
+    )
+    write_manifest(root, record)
 
 
 CASES = {
@@ -257,7 +259,7 @@ def test_manifest_round_trip_and_version_check(written: Path) -> None:
     with pytest.raises(DataError, match="schema version 99"):
         read_manifest(written)
     path.write_text("[]")
-    with pytest.raises(DataError, match="not a hiertx manifest"):
+    with pytest.raises(DataError, match="not a TokenizeRecord"):
         read_manifest(written)
 
 

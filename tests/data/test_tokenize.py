@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.artifacts import MANIFEST_FILE, SOURCES_FILE, DownloadRecord, VerifiedFile
 from pipeline.config import Params, Task, TokenizeParams
 from pipeline.data.examples import TRAIN_SPLIT
 from pipeline.data.formats import ParseStats
 from pipeline.data.loader import load_vocab, open_split
-from pipeline.data.shards import MANIFEST_FILE, read_manifest
+from pipeline.data.shards import read_manifest
 from pipeline.data.special import SPECIAL_TOKENS
 from pipeline.data.tokenize import read_splits, tokenize_corpus
 from pipeline.data.vocab import word_tokenize
@@ -80,7 +81,8 @@ def broken_chitchat(root: Path) -> Path:
     data = {f"c{i}": good for i in range(12)} | {"bad": {"messages": "not a list"}}
     root.mkdir(parents=True)
     (root / "dataset.json").write_text(json.dumps(data))
-    (root / "SOURCES.json").write_text(json.dumps({"files": {"dataset.json": {"sha256": "ab"}}}))
+    verified = VerifiedFile(url="pypi:x", sha256="ab", bytes=1, pinned=True)
+    DownloadRecord(corpus="chitchat", files={"dataset.json": verified}).write(root / SOURCES_FILE)
     return root
 
 
@@ -95,7 +97,7 @@ def test_malformed_records_raise_or_are_counted(tmp_path: Path) -> None:
     )
     manifest = tokenize_corpus("chitchat", raw, tmp_path / "out", params)
     assert manifest.skipped["malformed_records"] == 1 and "bad" in manifest.warnings[0]
-    assert manifest.sources == {"files": {"dataset.json": {"sha256": "ab"}}}
+    assert manifest.sources.files["dataset.json"].sha256 == "ab"
     assert read_manifest(tmp_path / "out").counts == {
         "generate": {"train": 12, "valid": 0, "test": 0}
     }

@@ -12,18 +12,22 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.artifacts import (
+    PER_EXAMPLE_FILE,
+    SEEDS_FILE,
+    EvalRecord,
+    ExampleResult,
+    Layout,
+    load_model,
+    read_examples,
+    read_train,
+)
 from pipeline.config import ConfigError, parse_params
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, Strategy, generate
 from pipeline.eval import text
-from pipeline.eval.evaluate import (
-    EvalSettings,
-    aggregate,
-    evaluate_run,
-    load_model,
-    trained_seeds,
-)
+from pipeline.eval.evaluate import EvalSettings, aggregate, decode_label, evaluate_run
 from pipeline.eval.ranking import first_correct_ranks
 from pipeline.train.seeds import seed_values, train_seeds, with_seed
 
@@ -103,9 +107,8 @@ def project(tmp_path_factory) -> Path:
     return root
 
 
-def read_rows(root: Path, key: str) -> list[dict]:
-    lines = (root / "data" / "eval" / key / "per_example.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+def read_rows(root: Path, key: str) -> tuple[ExampleResult, ...]:
+    return read_examples(Layout(root).eval_out(key) / PER_EXAMPLE_FILE)
 
 
 def test_evaluate_params_need_greedy_and_distinct_suffixes():
@@ -157,11 +160,11 @@ def test_generate_metrics_match_direct_computation(project):
     rows = read_rows(project, KEY)
     test = open_split(project / "data" / "shards" / "chitchat", "generate", "test")
     assert len(rows) == len(test) == metrics["n_examples"]
-    assert [r["id"] for r in rows] == [f"{e.dialogue_id}#{e.turn}" for e in test]
+    assert [r.id for r in rows] == [f"{e.dialogue_id}#{e.turn}" for e in test]
 
     # perplexity recomputed here from the model, not from the rows
-    (seed,) = trained_seeds(project / "data" / "train" / KEY, project)
-    model = load_model(seed.checkpoint, torch.device("cpu"))
+    (seed,) = read_train(Layout(project), KEY).seeds
+    model = load_model(project / seed.checkpoint)
     batch = test.collate([test[i] for i in range(len(test))])
     with torch.no_grad():
         memory = model.encode(batch)
@@ -172,7 +175,7 @@ def test_generate_metrics_match_direct_computation(project):
     ).view_as(mask)[mask]
     assert metrics["test_loss"] == pytest.approx(float(nll.mean()), rel=1e-4)
     assert metrics["test_ppl"] == pytest.approx(math.exp(float(nll.mean())), rel=1e-4)
-    assert sum(r["n_tokens"] for r in rows) == int(mask.sum())
+    assert sum(r.n_tokens for r in rows) == int(mask.sum())
 
     # greedy and beam hypotheses are what generate() gives; BLEU/distinct recomputed
     vocab = load_vocab(project / "data" / "shards" / "chitchat")
@@ -184,9 +187,9 @@ def test_generate_metrics_match_direct_computation(project):
             vocab.decode(t[:n].tolist())
             for t, n in zip(out_ids.tokens, out_ids.lengths, strict=True)
         ]
-        assert [r[f"hypothesis{suffix}"] for r in rows[:2]] == first
-        hyps = [r[f"hypothesis{suffix}"] for r in rows]
-        refs = [r["reference"] for r in rows]
+        assert [r.hypotheses[decode_label(suffix)] for r in rows[:2]] == first
+        hyps = [r.hypotheses[decode_label(suffix)] for r in rows]
+        refs = [r.reference for r in rows]
         assert metrics[f"bleu{suffix}"] == pytest.approx(text.corpus_bleu(hyps, refs))
         words = [w for h in hyps for w in h.split()]
         assert words, f"decode {suffix!r} produced only empty responses"
@@ -194,18 +197,16 @@ def test_generate_metrics_match_direct_computation(project):
         assert metrics[f"avg_length{suffix}"] == pytest.approx(len(words) / len(hyps))
         for name in ("embedding_average", "embedding_extrema", "embedding_greedy"):
             assert -1.0 <= metrics[f"{name}{suffix}"] <= 1.0
-    assert rows[0]["reference"] == vocab.decode(test[0].target_ids)
-    assert "<bos>" not in rows[0]["reference"] and rows[0]["seed"] == 1234
+    assert rows[0].reference == vocab.decode(test[0].target_ids)
+    assert "<bos>" not in rows[0].reference and rows[0].seed == 1234
 
-    lengths = np.array([r["history_tokens"] for r in rows], dtype=float)
-    losses = np.array([r["nll_sum"] / r["n_tokens"] for r in rows])
+    lengths = np.array([r.history_tokens for r in rows], dtype=float)
+    losses = np.array([r.nll_sum / r.n_tokens for r in rows])
     assert metrics["length_loss_pearson_r"] == pytest.approx(np.corrcoef(lengths, losses)[0, 1])
     assert 0.0 <= metrics["length_loss_pearson_p"] <= 1.0
     samples = (out / "samples.md").read_text()
-    assert rows[0]["id"] in samples and "generated (beam3)" in samples
-    assert json.loads((out / "seeds.json").read_text())["seeds"][0]["metrics"] == pytest.approx(
-        metrics, nan_ok=True
-    )
+    assert rows[0].id in samples and "generated (beam3)" in samples
+    assert EvalRecord.read(out / SEEDS_FILE).seeds[0].metrics == pytest.approx(metrics, nan_ok=True)
 
 
 @pytest.mark.slow  # trains three tiny models once (module fixture)
@@ -215,8 +216,8 @@ def test_select_ranks_match_model_scores(project):
     rows = read_rows(project, key)
     test = open_split(project / "data" / "shards" / "chitchat", "select", "test")
     assert len(rows) == len(test) == metrics["n_examples"]
-    (seed,) = trained_seeds(project / "data" / "train" / key, project)
-    model = load_model(seed.checkpoint, torch.device("cpu"))
+    (seed,) = read_train(Layout(project), key).seeds
+    model = load_model(project / seed.checkpoint)
     ranks = []
     for start in range(0, len(test), 8):
         batch = test.collate([test[i] for i in range(start, min(start + 8, len(test)))])
@@ -224,7 +225,7 @@ def test_select_ranks_match_model_scores(project):
             scores = model.score(batch)
         scores = scores.masked_fill(~batch.candidate_mask.any(-1), float("-inf"))
         ranks += first_correct_ranks(scores, batch.labels).tolist()
-    assert [r["rank"] for r in rows] == ranks
+    assert [r.rank for r in rows] == ranks
     ranks_np = np.array(ranks)
     assert metrics["recall_at_1"] == pytest.approx(np.mean((ranks_np >= 1) & (ranks_np <= 1)))
     assert metrics["recall_at_10"] == pytest.approx(np.mean((ranks_np >= 1) & (ranks_np <= 10)))
@@ -239,7 +240,7 @@ def test_lm_perplexity_and_quick_max_batches(project):
     rows = read_rows(project, key)
     assert len(rows) == metrics["n_examples"] == min(8, len(open_split(
         project / "data" / "shards" / "chitchat", "lm", "test")))  # fmt: skip
-    nll, n = sum(r["nll_sum"] for r in rows), sum(r["n_tokens"] for r in rows)
+    nll, n = sum(r.nll_sum for r in rows), sum(r.n_tokens for r in rows)
     assert metrics["test_ppl"] == pytest.approx(math.exp(nll / n))
     assert (project / "data" / "eval" / key / "samples.md").read_text().startswith("# gpt")
 
@@ -264,23 +265,23 @@ def test_several_seeds_mean_ci_and_mlflow(tmp_path, monkeypatch, project):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     raw = project_params(tracking=True)
     raw["train"]["runs"][KEY]["overrides"] = {"seeds": 2}
-    manifest = train_seeds(parse_params(raw), "transformer", "chitchat", root, False)
-    assert [s["seed"] for s in manifest["seeds"]] == [1234, 2234]
-    assert manifest["seeds"][1]["checkpoint"] == f"data/train/{KEY}/seed-1/model.pt"
+    record = train_seeds(parse_params(raw), "transformer", "chitchat", root, False)
+    assert [s.seed for s in record.seeds] == [1234, 2234]
+    assert record.seeds[1].checkpoint == f"data/train/{KEY}/seed-1/model.pt"
 
     metrics = evaluate_run(settings(raw), "transformer", "chitchat", root)
-    per_seed = json.loads((root / "data" / "eval" / KEY / "seeds.json").read_text())["seeds"]
-    losses = [s["metrics"]["test_loss"] for s in per_seed]
+    per_seed = EvalRecord.read(Layout(root).eval_out(KEY) / SEEDS_FILE).seeds
+    losses = [s.metrics["test_loss"] for s in per_seed]
     assert losses[0] != losses[1]
     assert metrics["test_loss"] == pytest.approx(np.mean(losses))
     assert metrics["test_loss_ci95"] == pytest.approx(12.7062047 * np.std(losses, ddof=1) / 2**0.5)
     rows = read_rows(root, KEY)
     assert len(rows) == 2 * metrics["n_examples"]
-    assert {r["seed"] for r in rows} == {1234, 2234}
+    assert {r.seed for r in rows} == {1234, 2234}
     client = mlflow.tracking.MlflowClient(uri)
-    for entry, seed in zip(manifest["seeds"], per_seed, strict=True):
-        run = client.get_run(entry["mlflow"]["run_id"])
-        assert run.data.metrics["eval/test_loss"] == pytest.approx(seed["metrics"]["test_loss"])
+    for entry, seed in zip(record.seeds, per_seed, strict=True):
+        run = client.get_run(entry.mlflow.run_id)
+        assert run.data.metrics["eval/test_loss"] == pytest.approx(seed.metrics["test_loss"])
 
 
 @pytest.mark.slow  # trains three tiny models once (module fixture)
@@ -325,7 +326,7 @@ def test_unigram_baseline_scores_the_tokens_the_models_score(project):
     for model, task in (("transformer", "generate"), ("gpt", "lm")):
         evaluate_run(settings(project_params(max_batches=2)), model, "chitchat", project)
         rows = read_rows(project, f"{model}-chitchat")
-        score = unigram_score(shards, task, [r["id"] for r in rows])
+        score = unigram_score(shards, task, [r.id for r in rows])
         assert score.n_examples == len(rows)
-        assert score.n_tokens == sum(r["n_tokens"] for r in rows)
+        assert score.n_tokens == sum(r.n_tokens for r in rows)
         assert math.isfinite(score.ppl) and score.ppl > 1

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from pipeline.artifacts import (
+    PER_EXAMPLE_FILE,
+    ExampleResult,
+    Layout,
+    MlflowRef,
+    write_examples,
+    write_metrics,
+)
 from pipeline.config import parse_params
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.models import registry
-from pipeline.train.checkpoint import save_checkpoint
+from tests.trained import write_trained
 
 TOKENIZE = {
     "corpora": {
@@ -63,36 +70,15 @@ def write_run(
     metrics: dict,
     corpus: str = "chitchat",
     train_metrics: dict | None = None,
-    mlflow: dict | None = None,
+    mlflow: MlflowRef | None = None,
 ) -> str:
-    """``data/train/<key>/{model.pt,manifest.json}``, ``data/eval/<key>/`` and
-    ``metrics/<key>.json`` for a run."""
-    key = f"{model}-{corpus}"
-    cfg = registry.make_config(model, VOCAB, **TINY[model])
-    net = registry.build_from_config(model, cfg)
-    train = root / "data" / "train" / key
-    save_checkpoint(
-        {
-            "model_name": model,
-            "model_config": cfg.model_dump(mode="json"),
-            "task": registry.spec(model).task.value,
-            "model": net.state_dict(),
-        },
-        train / "model.pt",
-    )
-    manifest = {
-        "model": model,
-        "corpus": corpus,
-        "checkpoint": f"data/train/{key}/model.pt",
-        "metrics": train_metrics or {"best_valid_loss": 4.0, "steps": 20},
-        "mlflow": mlflow,
-    }
-    (train / "manifest.json").write_text(json.dumps(manifest))
-    evals = root / "data" / "eval" / key
-    evals.mkdir(parents=True, exist_ok=True)
-    (root / "metrics").mkdir(exist_ok=True)
-    (root / "metrics" / f"{key}.json").write_text(json.dumps(metrics))
-    (evals / "per_example.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """A run's train record and model, evaluation rows and metrics, written through the
+    stage contract; ``rows`` are :class:`ExampleResult` fields."""
+    net = registry.build(model, VOCAB, **TINY[model])
+    key = write_trained(root, model, net, corpus, train_metrics, mlflow)
+    layout = Layout(root)
+    write_metrics(layout.metrics(key), metrics)
+    write_examples(layout.eval_out(key) / PER_EXAMPLE_FILE, [ExampleResult(**r) for r in rows])
     return key
 
 

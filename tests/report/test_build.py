@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from pipeline import tracking
+from pipeline.artifacts import MlflowRef
 from pipeline.report.build import build_report
 from tests.report.conftest import TOKENIZE, lm_rows, params_for, write_run
 
@@ -24,9 +25,14 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     for step, loss in ((10, 5.0), (20, 4.5), (30, 4.25)):
         tracker.log_metrics({"valid_loss": loss}, step)
     tracker.end()
-    mlflow = {"tracking_uri": uri, "run_id": tracker.run_id}
+    mlflow = MlflowRef(
+        tracking_uri=uri, experiment="e", run_id=tracker.run_id, checkpoint_uri="runs:/x"
+    )
 
-    rows = [{**r, "hypothesis": "hi there", "reference": "hi"} for r in lm_rows([[2.0, 3.0]])]
+    rows = [
+        {**r, "hypotheses": {"greedy": "hi there"}, "reference": "hi"}
+        for r in lm_rows([[2.0, 3.0]])
+    ]
     write_run(root, "transformer", rows, {"test_ppl": 1.2, "bleu": 10.0}, mlflow=mlflow)
     write_run(root, "unet", rows, {"test_ppl": 1.2, "bleu": 10.0})
     write_run(

@@ -49,7 +49,10 @@ def test_unet_widths(tmp_path):
 
 
 def test_run_figures(tmp_path):
-    rows = [{**r, "hypothesis": "a b", "reference": "a c"} for r in lm_rows([[1.0, 2.0, 3.0]])]
+    rows = [
+        {**r, "hypotheses": {"greedy": "a b"}, "reference": "a c"}
+        for r in lm_rows([[1.0, 2.0, 3.0]])
+    ]
     write_run(tmp_path, "transformer", rows, {"test_ppl": 5.0, "length_loss_pearson_r": 1.0})
     write_run(tmp_path, "unet", rows, {"test_ppl": 4.0, "test_ppl_ci95": 0.3})
     write_run(tmp_path, "gpt", lm_rows([[1.0]]), {"test_ppl": 2.0})

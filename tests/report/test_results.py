@@ -7,8 +7,9 @@ import math
 
 import pytest
 
+from pipeline.artifacts import MANIFEST_FILE, Layout, TrainRecord, read_examples
 from pipeline.errors import DataError
-from pipeline.report.results import expected_runs, load_results, read_examples
+from pipeline.report.results import expected_runs, load_results
 from tests.report.conftest import lm_rows, params_for, write_run
 
 
@@ -19,13 +20,15 @@ def test_bad_line_is_named(tmp_path):
     with pytest.raises(DataError, match=r"per_example.jsonl:2: not valid JSON"):
         read_examples(path)
     path.write_text(good + "\n" + json.dumps({"seed": 0, "id": "b"}) + "\n")
-    with pytest.raises(DataError, match=r":2: row lacks \['nll_sum'"):
+    with pytest.raises(DataError, match=r":2: bad row \(nll_sum: Field required"):
         read_examples(path)
 
 
 def test_missing_eval_names_the_file_and_the_fix(tmp_path):
     params = params_for(["gpt"])
-    with pytest.raises(DataError, match=r"metrics/gpt-chitchat.json: missing; run `dvc"):
+    with pytest.raises(
+        DataError, match=r"metrics/gpt-chitchat.json: missing; run the evaluate stage"
+    ):
         load_results(params, tmp_path)
 
 
@@ -44,13 +47,13 @@ def test_runs_seeds_and_null_metrics(tmp_path):
 
 def test_train_metric_over_seeds_is_mean_and_t_interval(tmp_path):
     key = write_run(tmp_path, "gpt", lm_rows([[1.0]]), {"test_ppl": 9.0})
-    manifest_path = tmp_path / "data" / "train" / key / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["seeds"] = [
-        {**manifest, "seed": s, "metrics": {"best_valid_loss": v}}
+    path = Layout(tmp_path).train_out(key) / MANIFEST_FILE
+    record = TrainRecord.read(path)
+    seeds = [
+        record.seeds[0].model_copy(update={"seed": s, "metrics": {"best_valid_loss": v}})
         for s, v in enumerate([4.0, 4.2, 4.4])
     ]
-    manifest_path.write_text(json.dumps(manifest))
+    record.model_copy(update={"seeds": seeds}).write(path)
     params = params_for(["gpt"])
     (run,) = load_results(params, tmp_path)
     estimate = run.estimate("best_valid_loss")

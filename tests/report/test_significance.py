@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from pipeline.artifacts import ExampleResult
 from pipeline.eval import text
-from pipeline.report.results import ExampleRow, RunResult, TrainedSeed
+from pipeline.report.results import RunResult
 from pipeline.report.significance import (
     BETTER,
     WORSE,
@@ -27,8 +28,8 @@ def run_of(rows: list[dict], key: str = "m-chitchat") -> RunResult:
         task="generate",
         tuned=False,
         metrics={},
-        trained=(TrainedSeed(None, None, {}, None, None),),  # type: ignore[arg-type]
-        examples=tuple(ExampleRow(**r) for r in rows),
+        trained=(),
+        examples=tuple(ExampleResult(**r) for r in rows),
         n_parameters=0,
         model_config={},
     )
@@ -133,7 +134,7 @@ def test_bleu_statistics_give_the_corpus_bleu_of_a_resample():
                 "nll_sum": 1.0,
                 "n_tokens": 1,
                 "history_tokens": 1,
-                "hypothesis": h,
+                "hypotheses": {"greedy": h},
                 "reference": r,
             }
             for i, (h, r) in enumerate(zip(hyps, refs, strict=True))
@@ -155,7 +156,7 @@ def test_runs_on_different_test_sets_are_not_compared():
 
 def test_bleu_without_hypotheses_is_not_comparable():
     a = run_of(rows_of(np.ones((1, 3)), np.ones((1, 3), int)))
-    with pytest.raises(NotComparable, match="hypothesis"):
+    with pytest.raises(NotComparable, match="greedy hypotheses"):
         compare(a, a, "bleu", 10)
 
 

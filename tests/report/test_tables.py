@@ -17,7 +17,7 @@ from tests.report.conftest import lm_rows, params_for, write_run
 
 def gen_rows(nll: list[float]) -> list[dict]:
     return [
-        {**row, "hypothesis": "i am fine", "reference": "i am fine thanks"}
+        {**row, "hypotheses": {"greedy": "i am fine"}, "reference": "i am fine thanks"}
         for row in lm_rows([nll])
     ]
 

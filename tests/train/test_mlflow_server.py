@@ -39,38 +39,36 @@ def test_server_shows_run_metrics_and_registered_model(
     own = tmp_path / "project"
     shutil.copytree(project / "data" / "shards", own / "data" / "shards")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    manifest = train_run(parse_params(stage_params()), "transformer", "chitchat", own, False)
-    mf = manifest["mlflow"]
-    assert not mf["fallback"], "training must log to the server, not to the local fallback"
+    trained = train_run(parse_params(stage_params()), "transformer", "chitchat", own, False)
+    mf = trained.mlflow
+    assert not mf.fallback, "training must log to the server, not to the local fallback"
 
     experiment = call(
         mlflow_server,
         "/api/2.0/mlflow/experiments/get-by-name?experiment_name="
-        + urllib.request.quote(mf["experiment"]),
+        + urllib.request.quote(mf.experiment),
     )["experiment"]
     runs = call(
         mlflow_server, "/api/2.0/mlflow/runs/search",
         {"experiment_ids": [experiment["experiment_id"]], "max_results": 10},
     )["runs"]  # fmt: skip
-    run = next(r for r in runs if r["info"]["run_id"] == mf["run_id"])
+    run = next(r for r in runs if r["info"]["run_id"] == mf.run_id)
     assert run["info"]["status"] == "FINISHED"
     params = {p["key"]: p["value"] for p in run["data"]["params"]}
     assert params["train.optimizer.lr"] == "0.003"
     history = call(
         mlflow_server,
-        f"/api/2.0/mlflow/metrics/get-history?run_id={mf['run_id']}&metric_key=valid_loss",
+        f"/api/2.0/mlflow/metrics/get-history?run_id={mf.run_id}&metric_key=valid_loss",
     )["metrics"]
     assert len(history) == 2
     best = min(m["value"] for m in history)
-    assert best == pytest.approx(manifest["metrics"]["best_valid_loss"], rel=1e-6)
+    assert best == pytest.approx(trained.metrics["best_valid_loss"], rel=1e-6)
 
     search = "/api/2.0/mlflow/registered-models/search?max_results=10"  # GET, unlike runs
     models = call(mlflow_server, search)["registered_models"]
-    registered = next(m for m in models if m["name"] == mf["registered_model"])
+    registered = next(m for m in models if m["name"] == mf.registered_model)
     versions = registered["latest_versions"]
-    assert any(
-        v["version"] == mf["model_version"] and v["run_id"] == mf["run_id"] for v in versions
-    )
+    assert any(v["version"] == mf.model_version and v["run_id"] == mf.run_id for v in versions)
 
 
 def _points(client, run_id: str, key: str) -> list[tuple[int, int, float]]:

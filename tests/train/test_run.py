@@ -12,15 +12,22 @@ import pytest
 import torch
 
 from pipeline import cli, tracking
+from pipeline.artifacts import (
+    BEST_FILE,
+    MANIFEST_FILE,
+    MODEL_FILE,
+    Layout,
+    TrainRecord,
+    TuneRecord,
+    load_model,
+)
 from pipeline.config import parse_params
 from pipeline.data.loader import load_vocab
 from pipeline.decode import DecodeConfig, generate
-from pipeline.errors import ConfigError
-from pipeline.report.results import read_trained
+from pipeline.errors import ConfigError, DataError
 from pipeline.serving import ServingSpec, generate_batch
-from pipeline.train.checkpoint import load_checkpoint
-from pipeline.train.job import RegistryModel
-from pipeline.train.run import Layout, plan_train, plan_tune, train_run
+from pipeline.train.run import plan_train, plan_tune
+from pipeline.train.seeds import train_seeds
 from tests.train.conftest import stage_params
 
 
@@ -64,11 +71,24 @@ def test_tuned_run_needs_the_tune_result_and_uses_it(project, tmp_path):
         "spaces": {"transformer": {"model": {"n_heads": {"kind": "int", "low": 1, "high": 2}}}},
     }
     layout = Layout(project)
-    with pytest.raises(ConfigError, match="run the tune stage first"):
+    with pytest.raises(DataError, match=r"best\.json: missing: run the tune stage"):
         plan_train(parse_params(raw), "transformer", "chitchat", layout)
-    best = layout.tune_out("transformer-chitchat") / "best.json"
+    best = layout.tune_out("transformer-chitchat") / BEST_FILE
     best.parent.mkdir(parents=True)
     best.write_text(json.dumps({"config": {"n_heads": 1}, "optimizer": {"lr": 0.01}}))
+    with pytest.raises(DataError, match=r"best.json: not a valid TuneRecord \(model: Field"):
+        plan_train(parse_params(raw), "transformer", "chitchat", layout)
+    TuneRecord(
+        model="transformer",
+        corpus="chitchat",
+        search="tune-x",
+        config={"n_heads": 1},
+        optimizer={"lr": 0.01},
+        valid_loss=4.0,
+        trial_id="t0",
+        trials=2,
+        errored_trials=0,
+    ).write(best)
     try:
         plan = plan_train(parse_params(raw), "transformer", "chitchat", layout)
     finally:
@@ -100,18 +120,19 @@ def test_per_model_and_per_run_overrides_merge_over_defaults():
 def test_train_stage_end_to_end_with_mlflow_and_pyfunc(project, monkeypatch):
     uri = f"sqlite:///{project / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    manifest = train_run(parse_params(stage_params()), "transformer", "chitchat", project, False)
+    record = train_seeds(parse_params(stage_params()), "transformer", "chitchat", project, False)
 
     out = project / "data" / "train" / "transformer-chitchat"
-    assert json.loads((out / "manifest.json").read_text()) == json.loads(json.dumps(manifest))
-    assert manifest["checkpoint"] == "data/train/transformer-chitchat/model.pt"
-    assert manifest["metrics"]["steps"] == 6 and manifest["metrics"]["epochs"] == 2
-    mf = manifest["mlflow"]
-    assert mf["model_version"] == "1" and mf["registered_model"] == "hiertx-transformer-chitchat"
-    assert not mf["fallback"] and mf["experiment"] == "hiertx/generate/chitchat"
+    assert TrainRecord.read(out / MANIFEST_FILE) == record
+    (seed,) = record.seeds
+    assert seed.checkpoint == "data/train/transformer-chitchat/model.pt"
+    assert seed.metrics["steps"] == 6 and seed.metrics["epochs"] == 2
+    mf = seed.mlflow
+    assert mf.model_version == "1" and mf.registered_model == "hiertx-transformer-chitchat"
+    assert not mf.fallback and mf.experiment == "hiertx/generate/chitchat"
 
     client = mlflow.tracking.MlflowClient(uri)
-    run = client.get_run(mf["run_id"])
+    run = client.get_run(mf.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["train.optimizer.lr"] == "0.003"
     assert run.data.tags["hiertx.model"] == "transformer" and "hiertx.git_commit" in run.data.tags
@@ -125,11 +146,9 @@ def test_train_stage_end_to_end_with_mlflow_and_pyfunc(project, monkeypatch):
 
     # the registered pyfunc answers like the exported checkpoint decoded in-process
     history = [["hi , how are you today ?", "good thanks , and you ?"], ["what do you do ?"]]
-    pyfunc = mlflow.pyfunc.load_model(f"models:/{mf['registered_model']}/{mf['model_version']}")
+    pyfunc = mlflow.pyfunc.load_model(f"models:/{mf.registered_model}/{mf.model_version}")
     answers = pyfunc.predict(pd.DataFrame({"history": history}))
-    state = load_checkpoint(out / "model.pt")
-    model = RegistryModel(state["model_name"], state["model_config"])()
-    model.load_state_dict(state["model"])
+    model = load_model(out / MODEL_FILE)
     vocab = load_vocab(project / "data" / "shards" / "chitchat")
     spec = ServingSpec("generate", max_history=40, max_utterances=4, max_response=12)
     with torch.no_grad():
@@ -147,25 +166,22 @@ def test_rerun_of_a_trained_config_keeps_its_mlflow_history(project, tmp_path, m
     shutil.copytree(project / "data" / "shards", own / "data" / "shards")
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     params = parse_params(stage_params())
-    first = train_run(params, "transformer", "chitchat", own, False)["mlflow"]
+    first = train_seeds(params, "transformer", "chitchat", own, False).seeds[0].mlflow
     # recorded relative to the project: a copied or moved project reads its own store
-    assert first["tracking_uri"] == "sqlite:///mlflow.db"
-    assert first["checkpoint_uri"] == f"runs:/{first['run_id']}/checkpoint/model.pt"
-    uri = tracking.resolve_uri(first["tracking_uri"], own)
+    assert first.tracking_uri == "sqlite:///mlflow.db"
+    assert first.checkpoint_uri == f"runs:/{first.run_id}/checkpoint/model.pt"
+    uri = tracking.resolve_uri(first.tracking_uri, own)
     assert uri == f"sqlite:///{own.resolve() / 'mlflow.db'}"
-    curve = tracking.metric_history(uri, first["run_id"], "valid_loss")
+    curve = tracking.metric_history(uri, first.run_id, "valid_loss")
     assert len(curve) == 2
-    # what the report reads its learning curves from
-    trained = read_trained(own, own / "data" / "train" / "transformer-chitchat")
-    assert [(t.mlflow_uri, t.mlflow_run_id) for t in trained] == [(uri, first["run_id"])]
 
-    again = train_run(params, "transformer", "chitchat", own, False)["mlflow"]
-    assert again["run_id"] == first["run_id"] and again["model_version"] == "2"
+    again = train_seeds(params, "transformer", "chitchat", own, False).seeds[0].mlflow
+    assert again.run_id == first.run_id and again.model_version == "2"
     client = mlflow.tracking.MlflowClient(uri)
-    assert client.get_run(again["run_id"]).info.status == "FINISHED"
-    assert tracking.metric_history(uri, again["run_id"], "valid_loss") == curve
-    version = client.get_model_version(again["registered_model"], again["model_version"])
-    assert version.run_id == first["run_id"]
+    assert client.get_run(again.run_id).info.status == "FINISHED"
+    assert tracking.metric_history(uri, again.run_id, "valid_loss") == curve
+    version = client.get_model_version(again.registered_model, again.model_version)
+    assert version.run_id == first.run_id
     # `chat --run` finds the registered model from anywhere, through the relative store
     monkeypatch.chdir(tmp_path)
     args = cli.parser().parse_args(["chat", "--run", "transformer-chitchat", "--root", str(own)])
@@ -177,8 +193,8 @@ def test_rerun_of_a_trained_config_keeps_its_mlflow_history(project, tmp_path, m
 
     # without the checkpoint the training starts over: a run of its own, whole again
     shutil.rmtree(own / "runs" / "ray")
-    fresh = train_run(params, "transformer", "chitchat", own, False)["mlflow"]
-    assert fresh["run_id"] != first["run_id"]
-    assert tracking.metric_history(uri, fresh["run_id"], "valid_loss") == [
+    fresh = train_seeds(params, "transformer", "chitchat", own, False).seeds[0].mlflow
+    assert fresh.run_id != first.run_id
+    assert tracking.metric_history(uri, fresh.run_id, "valid_loss") == [
         (step, pytest.approx(value, rel=1e-5)) for step, value in curve
     ]

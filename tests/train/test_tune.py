@@ -3,12 +3,12 @@ best config written, and a rerun resumes the finished search."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import mlflow
 import pytest
 
+from pipeline.artifacts import BEST_FILE, TuneRecord
 from pipeline.config import RunParams, SearchSpace, TuneParams, parse_params
 from pipeline.train.run import tune_run
 from pipeline.train.tune import param_space, trial_params, trial_statuses
@@ -83,26 +83,26 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
     trial_lines = [line for line in printed.err.splitlines() if re.match(finished, line)]
     assert len(trial_lines) == 3 and all("model.n_heads=" in line for line in trial_lines)
 
-    path = project / "data" / "tune" / "transformer-chitchat" / "best.json"
-    assert json.loads(path.read_text()) == json.loads(json.dumps(best))
-    assert set(best["config"]) == {"n_heads", "dropout"} and set(best["optimizer"]) == {"lr"}
-    assert best["trials"] == 3 and best["errored_trials"] == 0
+    path = project / "data" / "tune" / "transformer-chitchat" / BEST_FILE
+    assert TuneRecord.read(path) == best
+    assert set(best.config) == {"n_heads", "dropout"} and set(best.optimizer) == {"lr"}
+    assert best.trials == 3 and best.errored_trials == 0
 
     client = mlflow.tracking.MlflowClient(uri)
     exp = client.get_experiment_by_name("hiertx/generate/chitchat")
     runs = client.search_runs([exp.experiment_id])
-    parent = [r for r in runs if r.info.run_id == best["parent_run_id"]]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == best["parent_run_id"]]
+    parent = [r for r in runs if r.info.run_id == best.parent_run_id]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == best.parent_run_id]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
     assert len(children) == 3
     # Ray reports every trial completed (ASHA stops some early): none is left KILLED
     assert [c.info.status for c in children] == ["FINISHED"] * 3
-    assert parent[0].data.metrics["best_valid_loss"] == pytest.approx(best["valid_loss"])
+    assert parent[0].data.metrics["best_valid_loss"] == pytest.approx(best.valid_loss)
     losses = [
         min(m.value for m in client.get_metric_history(c.info.run_id, "valid_loss"))
         for c in children
     ]
-    assert min(losses) == pytest.approx(best["valid_loss"])
+    assert min(losses) == pytest.approx(best.valid_loss)
     sampled = {
         (c.data.params["sampled.model.n_heads"], c.data.params["sampled.optimizer.lr"])
         for c in children
@@ -111,14 +111,14 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
 
     # a rerun of the same search restores it: no new trials, same answer
     again = tune_run(params, "transformer", "chitchat", project)
-    assert again["config"] == best["config"] and again["valid_loss"] == best["valid_loss"]
+    assert again.config == best.config and again.valid_loss == best.valid_loss
     children = [
         r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("mlflow.parentRunId")
     ]
     assert len(children) == 3
     # the restored search goes on in the parent run that holds its trials
-    assert again["parent_run_id"] == best["parent_run_id"]
-    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {best["parent_run_id"]}
+    assert again.parent_run_id == best.parent_run_id
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {best.parent_run_id}
     assert [c.info.status for c in children] == ["FINISHED"] * 3
 
 

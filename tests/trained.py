@@ -1,0 +1,48 @@
+"""A model written as a trained run through the stage contract, as the train stage would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+
+from pipeline.artifacts import (
+    MANIFEST_FILE,
+    MODEL_FILE,
+    Layout,
+    MlflowRef,
+    TrainedSeed,
+    TrainRecord,
+    save_model,
+)
+from pipeline.models import registry
+
+
+def write_trained(
+    root: Path,
+    model_name: str,
+    model: nn.Module,
+    corpus: str = "chitchat",
+    metrics: dict[str, float] | None = None,
+    mlflow: MlflowRef | None = None,
+) -> str:
+    """``data/train/<key>/{model.pt,manifest.json}`` holding ``model`` as seed 0; the key."""
+    key = f"{model_name}-{corpus}"
+    layout = Layout(root)
+    task = registry.spec(model_name).task.value
+    checkpoint = layout.train_out(key) / MODEL_FILE
+    save_model(
+        checkpoint, model_name, model.config.model_dump(mode="json"), task, model.state_dict()
+    )
+    seed = TrainedSeed(
+        seed=0,
+        run_name=f"train-{key}",
+        checkpoint=layout.relative(checkpoint),
+        run_checkpoint="",
+        metrics=metrics or {"best_valid_loss": 4.0, "steps": 20},
+        mlflow=mlflow,
+    )
+    TrainRecord(model=model_name, corpus=corpus, task=task, seeds=[seed]).write(
+        layout.train_out(key) / MANIFEST_FILE
+    )
+    return key
