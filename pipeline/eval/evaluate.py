@@ -270,6 +270,7 @@ def evaluate_generate(
                 f"embedding_average{suffix}": chat.embedding_average,
                 f"embedding_extrema{suffix}": chat.embedding_extrema,
                 f"embedding_greedy{suffix}": chat.greedy_matching,
+                f"embedding_skipped{suffix}": float(chat.embedding_skipped),
                 f"bleu{suffix}": text.corpus_bleu(hyps, refs, tokenize=bleu_tokenize),
             }
         )

@@ -13,20 +13,26 @@ ChatEval (Sedoc et al. 2019, https://chateval.org), definitions as in its code:
   WORDS. ChatEval divides by words, not by bigrams; so do we, to be comparable. (The U-Net
   authors' code computed distinct-n differently; DESIGN.md, "Known defects".)
 
-Embedding metrics (Liu et al. 2016, "How NOT to evaluate your dialogue system"; ChatEval
-runs Serban et al.'s ``embedding_metrics.py``), per response/reference pair, then averaged:
+Embedding metrics (Liu et al. 2016, "How NOT to evaluate your dialogue system"), as
+ChatEval computes them (github chateval/evaluation: Serban et al.'s ``embedding_metrics.py``
+called as ``(model responses, references)`` on vectors that ``pymagnitude`` serves
+UNIT-NORMALISED, its default). Per response/reference pair, then averaged:
 
-- embedding average: cosine between the SUMS of the two sides' word vectors (the same as
-  the cosine of the means);
+- every word vector is first scaled to unit length (this changes average and extrema:
+  a frequent word no longer outweighs the rest by its norm);
+- embedding average: cosine between the SUMS of the two sides' unit word vectors;
 - embedding extrema: per dimension, the value of largest magnitude over the words (ties go
   to the positive value), then the cosine of the two extrema vectors;
-- greedy matching: each word of one side is matched to its most cosine-similar word on
-  the other side, the similarities are averaged, and the two directions are averaged.
-  (Serban's script takes raw dot products here; Liu et al. define cosine, which we use.)
+- greedy matching: each word of one side is matched to its most similar word on the other
+  side (dot products of unit vectors: cosines), the similarities are averaged, and the two
+  directions are averaged.
 
-Words without a vector are skipped. If either side then has no word left, the pair scores
-0. (Serban's script drops pairs whose REFERENCE has no known word from the average; we keep
-every pair so that all systems are averaged over the same test set.)
+Words without a vector are left out. Empty sides as ChatEval: for average and extrema a pair
+whose RESPONSE has no known word is skipped (left out of the mean: NaN per pair, counted by
+``ChatEvalScores.embedding_skipped``, which the evaluate stage reports), one whose reference
+has none scores 0; greedy matching scores 0 when either side is empty. Systems whose
+responses are sometimes empty are therefore averaged over fewer pairs: the skipped count
+says how many.
 
 BLEU is sacrebleu's (corpus BLEU, and sentence BLEU with effective order for per-example
 use). HIER computed BLEU with the start token still in the text; ``strip_special`` removes
@@ -38,6 +44,7 @@ MultiWOZ text, ``tokenize="none"`` splits on spaces only, like the official Mult
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -119,9 +126,9 @@ def distinct_2(lines: Sequence[str]) -> float:
 
 
 def _matrix(tokens: Sequence[str], vectors: Vectors) -> np.ndarray:
-    """Vectors of the known ``tokens``, ``[k, d]`` float64 (``k`` may be 0)."""
+    """Unit-length vectors of the known ``tokens``, ``[k, d]`` float64 (``k`` may be 0)."""
     rows = [np.asarray(vectors[w], dtype=np.float64) for w in tokens if w in vectors]
-    return np.stack(rows) if rows else np.zeros((0, 0))
+    return _unit_rows(np.stack(rows)) if rows else np.zeros((0, 0))
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -140,37 +147,49 @@ def _extrema(m: np.ndarray) -> np.ndarray:
 
 
 def embedding_average(hyp: str, ref: str, vectors: Vectors) -> float:
-    """Cosine between the summed word vectors of ``hyp`` and ``ref`` (0 if a side is empty)."""
+    """Cosine between the summed unit word vectors of ``hyp`` and ``ref``; NaN (skipped)
+    if ``hyp`` has no known word, 0 if ``ref`` has none (module docstring)."""
     x, y = _matrix(words(hyp), vectors), _matrix(words(ref), vectors)
-    if not len(x) or not len(y):
+    if not len(x):
+        return math.nan
+    if not len(y):
         return 0.0
     return _cosine(x.sum(0), y.sum(0))
 
 
 def embedding_extrema(hyp: str, ref: str, vectors: Vectors) -> float:
-    """Cosine between the vector extrema (per-dimension value of largest magnitude)."""
+    """Cosine between the extrema (per-dimension value of largest magnitude) of the unit
+    word vectors; NaN (skipped) if ``hyp`` has no known word, 0 if ``ref`` has none."""
     x, y = _matrix(words(hyp), vectors), _matrix(words(ref), vectors)
-    if not len(x) or not len(y):
+    if not len(x):
+        return math.nan
+    if not len(y):
         return 0.0
     return _cosine(_extrema(x), _extrema(y))
 
 
 def greedy_matching(hyp: str, ref: str, vectors: Vectors) -> float:
-    """Symmetric greedy matching: mean over both directions of the mean best word cosine."""
+    """Symmetric greedy matching: mean over both directions of the mean best word cosine
+    (0 if a side has no known word)."""
     x, y = _matrix(words(hyp), vectors), _matrix(words(ref), vectors)
     if not len(x) or not len(y):
         return 0.0
-    sims = _unit_rows(x) @ _unit_rows(y).T
+    sims = x @ y.T
     return float((sims.max(1).mean() + sims.max(0).mean()) / 2.0)
 
 
 @dataclass(frozen=True)
 class EmbeddingScores:
-    """Per-example embedding metrics, each ``[N]`` float64 (for means and bootstraps)."""
+    """Per-example embedding metrics, each ``[N]`` float64 (NaN: a skipped pair)."""
 
     average: np.ndarray
     extrema: np.ndarray
     greedy: np.ndarray
+
+    @property
+    def skipped(self) -> int:
+        """Pairs left out of the average and extrema means (no known response word)."""
+        return int(np.isnan(self.average).sum())
 
 
 def embedding_scores(hyps: Sequence[str], refs: Sequence[str], vectors: Vectors) -> EmbeddingScores:
@@ -194,6 +213,7 @@ class ChatEvalScores:
     embedding_average: float
     embedding_extrema: float
     greedy_matching: float
+    embedding_skipped: int
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -206,10 +226,17 @@ def chateval(hyps: Sequence[str], refs: Sequence[str], vectors: Vectors) -> Chat
         avg_length=average_length(hyps),
         distinct_1=distinct_1(hyps),
         distinct_2=distinct_2(hyps),
-        embedding_average=float(scores.average.mean()),
-        embedding_extrema=float(scores.extrema.mean()),
+        embedding_average=_mean_of_scored(scores.average),
+        embedding_extrema=_mean_of_scored(scores.extrema),
         greedy_matching=float(scores.greedy.mean()),
+        embedding_skipped=scores.skipped,
     )
+
+
+def _mean_of_scored(values: np.ndarray) -> float:
+    """The mean over the pairs not skipped (NaN if every pair was)."""
+    scored = values[~np.isnan(values)]
+    return float(scored.mean()) if len(scored) else math.nan
 
 
 # --------------------------------------------------------------------------- BLEU

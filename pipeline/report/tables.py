@@ -46,6 +46,8 @@ DISTINCT_2 = Metric("distinct_2", "Distinct-2", 4)
 EMB_AVERAGE = Metric("embedding_average", "Emb avg", 4)
 EMB_EXTREMA = Metric("embedding_extrema", "Emb extrema", 4)
 EMB_GREEDY = Metric("embedding_greedy", "Emb greedy", 4)
+# Pairs left out of Emb avg/extrema (no response word with a vector), as ChatEval does.
+EMB_SKIPPED = Metric("embedding_skipped", "Emb skipped", 0, Better.LOWER)
 PEARSON_R = Metric("length_loss_pearson_r", "Pearson r", 4, Better.LOWER)
 PEARSON_P = Metric("length_loss_pearson_p", "p", 4)
 BLEU = Metric("bleu", "BLEU", 2)
@@ -76,7 +78,15 @@ class TableSpec:
 
 
 CHATEVAL_TITLE = "U-Net Transformer, Tables 4-5: ChatEval metrics ({decoding})"
-CHATEVAL_METRICS = (AVG_LENGTH, DISTINCT_1, DISTINCT_2, EMB_AVERAGE, EMB_EXTREMA, EMB_GREEDY)
+CHATEVAL_METRICS = (
+    AVG_LENGTH,
+    DISTINCT_1,
+    DISTINCT_2,
+    EMB_AVERAGE,
+    EMB_EXTREMA,
+    EMB_GREEDY,
+    EMB_SKIPPED,
+)
 UNET_BASELINES = ("s2sa", "hred", "vhred", "vhcr", "transformer", "adj_transformer")
 UNET_MODELS = (*UNET_BASELINES, "unet_linear", "unet_per_layer_att", "unet")
 HIER_MODELS = ("hred", "transformer", "set", "mat", "hier_cls", "hier", "set_pp", "hier_pp")

@@ -78,13 +78,21 @@ def test_lengths_and_empty_lines():
 # --------------------------------------------------------------------------- embeddings
 
 
-def test_embedding_metrics_hand_values():
+# Unit vectors (ChatEval's pymagnitude serves them normalised): a = (1, 0), b = (0, 1),
+# c = (-3, 1) / sqrt 10.
+C0, C1 = -3 / math.sqrt(10), 1 / math.sqrt(10)
+
+
+def test_embedding_metrics_hand_values_on_unit_vectors():
     hyp, ref = "a c", "b"
-    # average: sum(hyp) = (-2, 1), ref = (0, 2): cos = 2 / (sqrt 5 * 2) = 1/sqrt 5
-    assert embedding_average(hyp, ref, VECTORS) == pytest.approx(1 / math.sqrt(5))
-    # extrema: dim 0 over {1, -3} -> -3 (larger magnitude), dim 1 over {0, 1} -> 1;
-    # cos((-3, 1), (0, 2)) = 2 / (sqrt 10 * 2) = 1/sqrt 10
-    assert embedding_extrema(hyp, ref, VECTORS) == pytest.approx(1 / math.sqrt(10))
+    # average: sum(hyp) = (1 + C0, C1), ref = (0, 1): cos = C1 / |(1 + C0, C1)| = 0.98709;
+    # on raw vectors it would be cos((-2, 1), (0, 2)) = 1/sqrt 5 = 0.447
+    average = C1 / math.hypot(1 + C0, C1)
+    assert embedding_average(hyp, ref, VECTORS) == pytest.approx(average)
+    assert average == pytest.approx(0.98709, abs=1e-5)
+    # extrema: dim 0 over {1, C0 = -0.949} -> 1, dim 1 over {0, C1} -> C1;
+    # cos((1, C1), (0, 1)) = C1 / sqrt(1 + 1/10) = 1/sqrt 11 (raw vectors: 1/sqrt 10)
+    assert embedding_extrema(hyp, ref, VECTORS) == pytest.approx(1 / math.sqrt(11))
     # greedy: cos(a,b) = 0, cos(c,b) = 1/sqrt 10.
     # hyp -> ref: mean(0, 1/sqrt 10); ref -> hyp: max = 1/sqrt 10; average of both
     expected = (1 / math.sqrt(10) / 2 + 1 / math.sqrt(10)) / 2
@@ -92,30 +100,39 @@ def test_embedding_metrics_hand_values():
     assert greedy_matching(ref, hyp, VECTORS) == pytest.approx(expected)  # symmetric
 
 
-def test_extrema_tie_goes_to_positive():
-    vectors = {"d": np.array([2.0, 1.0]), "e": np.array([-2.0, 0.0])}
-    # dim 0: max 2, min -2 (same magnitude) -> 2; the extrema vector is (2, 1) = d
+def test_extrema_takes_the_larger_magnitude_and_a_tie_goes_to_positive():
+    vectors = {"d": np.array([1.0, 1.0]), "e": np.array([-2.0, 0.0])}
+    # unit d = (0.707, 0.707), e = (-1, 0): dim 0 -> -1, dim 1 -> 0.707;
+    # cos((-1, 0.707), (-1, 0)) = 1 / sqrt 1.5 (raw vectors would give 2 / sqrt 5)
+    assert embedding_extrema("d e", "e", vectors) == pytest.approx(1 / math.sqrt(1.5))
+    vectors = {"d": np.array([2.0, 0.0]), "e": np.array([-1.0, 0.0])}
+    # unit: dim 0 max 1, min -1 (same magnitude) -> 1; the extrema vector is (1, 0) = d
     assert embedding_extrema("d e", "d", vectors) == pytest.approx(1.0)
 
 
-def test_unknown_words_skipped_and_empty_side_scores_zero():
-    assert embedding_average("a c zzz", "b qq", VECTORS) == pytest.approx(1 / math.sqrt(5))
-    for metric in (embedding_average, embedding_extrema, greedy_matching):
-        assert metric("zzz", "a", VECTORS) == 0.0
-        assert metric("a", "", VECTORS) == 0.0
+def test_unknown_words_left_out_and_empty_sides_as_chateval():
+    assert embedding_average("a c zzz", "b qq", VECTORS) == pytest.approx(
+        embedding_average("a c", "b", VECTORS)
+    )
+    for metric in (embedding_average, embedding_extrema):
+        assert math.isnan(metric("zzz", "a", VECTORS))  # no response word: skipped
+        assert metric("a", "", VECTORS) == 0.0  # no reference word: 0
+    assert greedy_matching("zzz", "a", VECTORS) == greedy_matching("a", "", VECTORS) == 0.0
 
 
 def test_chateval_averages_pairs_and_accepts_gensim_vectors():
     kv = KeyedVectors(vector_size=2)
     kv.add_vectors(list(VECTORS), np.stack(list(VECTORS.values())))
-    hyps, refs = ["a c", "a", "zzz"], ["b", "a", "a"]
+    hyps, refs = ["a c", "a", "zzz", "b"], ["b", "a", "a", "zzz"]
     scores = chateval(hyps, refs, kv)
-    # per pair: average (1/sqrt5, 1, 0), extrema (1/sqrt10, 1, 0)
-    assert scores.embedding_average == pytest.approx((1 / math.sqrt(5) + 1) / 3, rel=1e-6)
-    assert scores.embedding_extrema == pytest.approx((1 / math.sqrt(10) + 1) / 3, rel=1e-6)
-    assert scores.avg_length == pytest.approx(4 / 3)
-    assert scores.distinct_1 == pytest.approx(3 / 4)
-    assert scores.distinct_2 == pytest.approx(1 / 4)
+    # per pair: average (0.98709, 1, skipped, 0), extrema (1/sqrt 11, 1, skipped, 0)
+    average = C1 / math.hypot(1 + C0, C1)
+    assert scores.embedding_average == pytest.approx((average + 1) / 3, rel=1e-6)
+    assert scores.embedding_extrema == pytest.approx((1 / math.sqrt(11) + 1) / 3, rel=1e-6)
+    assert scores.embedding_skipped == 1
+    assert scores.avg_length == pytest.approx(5 / 4)
+    assert scores.distinct_1 == pytest.approx(4 / 5)
+    assert scores.distinct_2 == pytest.approx(1 / 5)
     per_pair = embedding_scores(hyps, refs, VECTORS)
     assert scores.greedy_matching == pytest.approx(per_pair.greedy.mean(), rel=1e-6)
     assert set(scores.as_dict()) >= {"distinct_1", "embedding_average", "greedy_matching"}
