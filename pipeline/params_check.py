@@ -29,12 +29,12 @@ from pydantic import BaseModel
 
 from pipeline.config import Params, RunTarget, Section
 from pipeline.errors import ConfigError
+from pipeline.models.base import DataSizes
 
-# Config fields that the params never set (the vocabulary comes from the tokenized corpus).
-_DERIVED_FIELDS = frozenset({"vocab_size"})
-# Stands in for the vocabulary size of a model not run on any corpus: no config validator
-# reads it, it only has to be a valid value.
+# Stand in for the data's sizes before the data exists (a model not run on any corpus, or
+# a corpus not tokenized yet): no config validator reads them, they only have to be valid.
 _ANY_VOCAB = 1000
+_ANY_ACTS = 40
 _EXTRA = "Extra inputs are not permitted"
 
 
@@ -164,7 +164,9 @@ def _check_run(params: Params, where: str, target: RunTarget, known: list[str]) 
 
 def _check_model_overrides(params: Params) -> None:
     """Every model's merged config overrides validate with its config class, for each
-    run (at the run's corpus' vocabulary size) and for each ``train.models`` entry."""
+    run (at the run's corpus' sizes) and for each ``train.models`` entry."""
+    from pipeline.models import registry
+
     train = params.train
     for key, target in [*train.runs.items(), *params.tune.runs.items()]:
         own = train.runs[key].overrides.model if key in train.runs else {}
@@ -173,15 +175,30 @@ def _check_model_overrides(params: Params) -> None:
             (f"train.models.{target.model}.model", _model_overrides(params, target.model)),
             ("train.defaults.model", train.defaults.model),
         ]
-        vocab = params.corpus(target.corpus).vocab.size
-        _validate_config(target.model, vocab, train.run(target.model, target.corpus).model, sources)
+        sizes = _planned_sizes(params, target.corpus)
+        try:
+            registry.data_values(target.model, sizes)
+        except ConfigError as err:
+            runs = "train.runs" if key in train.runs else "tune.runs"
+            raise ConfigError(f"{runs}.{key}.corpus", err.reason) from None
+        _validate_config(target.model, sizes, train.run(target.model, target.corpus).model, sources)
     for name in train.models:
         merged = {**train.defaults.model, **train.models[name].model}
         sources = [
             (f"train.models.{name}.model", train.models[name].model),
             ("train.defaults.model", train.defaults.model),
         ]
-        _validate_config(name, _ANY_VOCAB, merged, sources)
+        _validate_config(name, DataSizes(_ANY_VOCAB, _ANY_ACTS), merged, sources)
+
+
+def _planned_sizes(params: Params, corpus: str) -> DataSizes:
+    """The data sizes a corpus will have, as far as params and its spec tell before it is
+    tokenized: the configured vocabulary, and acts if the corpus has them (an act model
+    on a corpus without acts fails here, before any download)."""
+    from pipeline.data.corpora import corpus_spec
+
+    acts = _ANY_ACTS if corpus_spec(str(corpus)).task_oriented else None
+    return DataSizes(params.corpus(corpus).vocab.size, acts)
 
 
 def _model_overrides(params: Params, model: str) -> dict[str, Any]:
@@ -190,7 +207,7 @@ def _model_overrides(params: Params, model: str) -> dict[str, Any]:
 
 
 def _validate_config(
-    model: str, vocab_size: int, overrides: dict[str, Any], sources: list[tuple[str, dict]]
+    model: str, sizes: DataSizes, overrides: dict[str, Any], sources: list[tuple[str, dict]]
 ) -> None:
     """``registry.make_config`` of ``overrides``; a failure names the most specific of
     ``sources`` (``(dotted key, overrides set there)``, most specific first) that sets the
@@ -198,7 +215,7 @@ def _validate_config(
     from pipeline.models import registry
 
     try:
-        registry.make_config(model, vocab_size, **overrides)
+        registry.make_config(model, sizes, **overrides)
     except ConfigError as err:
         field = err.key.removeprefix(f"{model}.")
         where = next((key for key, values in sources if field in values), sources[0][0])
@@ -217,8 +234,8 @@ def _config_fields(model: str) -> list[str]:
     from pipeline.models import registry
 
     spec = registry.spec(model)
-    fixed = {name for name, _ in spec.preset}
-    return [f for f in spec.config_cls.model_fields if f not in _DERIVED_FIELDS | fixed]
+    fixed = {name for name, _ in spec.preset} | set(spec.config_cls.DATA_FIELDS)
+    return [f for f in spec.config_cls.model_fields if f not in fixed]
 
 
 def _check_spaces(params: Params) -> None:

@@ -170,7 +170,7 @@ def chat_in_process(root: Path, monkeypatch, capsys, lines: list[str], *args: st
 
 def test_an_empty_reply_is_shown_as_empty(random_project, monkeypatch, capsys):
     from pipeline.data.special import EOS_ID
-    from pipeline.models.transformer import EncoderDecoder
+    from pipeline.models.seq2seq import EncoderDecoder
 
     decode = EncoderDecoder.decode
 

@@ -162,6 +162,16 @@ def test_model_task_must_be_a_task_of_the_corpus(tiny: dict) -> None:
     assert "add select to tokenize.corpora.chitchat.tasks" in err.reason
 
 
+def test_an_act_model_needs_a_corpus_with_acts_and_takes_their_inventory(tiny: dict) -> None:
+    raw = _with(tiny, "train.runs.hier_pp-chitchat", {"model": "hier_pp", "corpus": "chitchat"})
+    err = _error(raw)
+    assert err.key == "train.runs.hier_pp-chitchat.corpus"
+    assert "hier_pp reads the dialogue acts of its corpus, and this corpus has none" in err.reason
+    err = _error(_with(tiny, "train.models.hier_pp.model.n_acts", 44))
+    assert err.key == "train.models.hier_pp.model.n_acts"
+    assert "comes from the data" in err.reason
+
+
 @pytest.mark.parametrize(
     ("key", "value", "where", "reason"),
     [

@@ -54,10 +54,19 @@ class SourceFile:
 
 @dataclass(frozen=True, slots=True)
 class CorpusSpec:
-    """A corpus: its parser, its source files, and a note for users.
+    """A corpus: its parser, its source files, a note for users, and its traits.
 
     ``bundled`` (corpora shipped inside a Python package) returns the installed data file;
     ``package`` names that distribution, whose version ``SOURCES.json`` records.
+
+    Traits, asked by every stage instead of the corpus' name:
+    ``task_oriented``: dialogues annotated with dialogue acts and belief states, answered
+    as the system, scored against the databases (Inform/Success): an act inventory is
+    built, act models (HIER++, SET++, HIER-CLS) can run, and responses may be
+    delexicalised. ``bleu_tokenize``: sacrebleu's tokenizer for its BLEU: ``13a`` for
+    detokenised text; ``none`` (split on spaces, as the MultiWOZ scorers) for MultiWOZ,
+    whose pipeline text is tokenised and carries ``[domain_slot]`` placeholders that
+    ``13a`` would cut in three.
     """
 
     name: str
@@ -66,6 +75,8 @@ class CorpusSpec:
     note: str
     bundled: Callable[[], Path] | None = None
     package: str | None = None
+    task_oriented: bool = False
+    bleu_tokenize: str = "13a"
 
     @property
     def options(self) -> frozenset[str]:
@@ -185,6 +196,8 @@ CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
                 ),
                 "MultiWOZ 2.0 with user acts (ConvLab-1 zips) + databases and split lists. "
                 "train.json.zip has no pinned digest (trust on first use).",
+                task_oriented=True,
+                bleu_tokenize="none",
             ),
             CorpusSpec(
                 "multiwoz21",
@@ -197,6 +210,8 @@ CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
                 ),
                 "MultiWOZ 2.1 with user acts (ConvLab-2 zips) + databases and split lists. "
                 "train.json.zip has no pinned digest (trust on first use).",
+                task_oriented=True,
+                bleu_tokenize="none",
             ),
             CorpusSpec(
                 "cornell",

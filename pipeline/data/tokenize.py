@@ -42,8 +42,6 @@ from pipeline.data.vocab import build_vocab
 from pipeline.errors import ConfigError, DataError
 from pipeline.progress import Mode, Reporter
 
-_ACT_CORPORA = frozenset({CorpusName.MULTIWOZ.value, "multiwoz21"})
-
 
 def read_splits(
     name: str, raw_dir: Path | None, params: TokenizeParams, stats: ParseStats
@@ -77,7 +75,7 @@ def read_splits(
 
 def encode_options(name: str, corpus: CorpusParams, train: list[Dialogue]) -> EncodeOptions:
     """Corpus-specific encoding: MultiWOZ answers as the system, with acts and belief."""
-    if name in _ACT_CORPORA:
+    if corpus_spec(name).task_oriented:
         inventory = ActInventory.from_dialogues(train)
         return EncodeOptions(multiwoz.SYSTEM, inventory, corpus.generate.delexicalize)
     return EncodeOptions()

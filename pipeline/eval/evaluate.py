@@ -58,7 +58,6 @@ from pipeline.artifacts import (
     write_metrics,
 )
 from pipeline.config import (
-    CorpusName,
     CorpusParams,
     DecodeParams,
     EvaluateParams,
@@ -67,6 +66,7 @@ from pipeline.config import (
     TrackingParams,
 )
 from pipeline.data.batch import History, LMBatch, SelectBatch
+from pipeline.data.corpora import corpus_spec
 from pipeline.data.examples import Example
 from pipeline.data.loader import ExampleDataset, load_vocab, open_split
 from pipeline.data.vocab import Vocab
@@ -79,7 +79,6 @@ from pipeline.progress import Mode, Reporter
 TEST_SPLIT = "test"
 TRAIN_SPLIT = "train"
 RECALL_KS = (1, 10, 50)
-MULTIWOZ_CORPORA = frozenset({CorpusName.MULTIWOZ.value, CorpusName.MULTIWOZ21.value})
 MLFLOW_PREFIX = "eval/"
 
 
@@ -211,10 +210,12 @@ def evaluate_generate(
     device: torch.device,
     multiwoz: Any = None,
     bar: Reporter | None = None,
+    bleu_tokenize: str = text.DEFAULT_TOKENIZE,
 ) -> SeedResult:
     """Teacher-forced NLL and the decoded responses' metrics of one generate model.
 
     ``multiwoz``: ``(test dialogues, MultiWozDB)`` to add Inform/Success/Entity-F1;
+    ``bleu_tokenize``: the corpus' sacrebleu tokenizer (``CorpusSpec.bleu_tokenize``);
     ``bar``: progress over the batches, naming the decoding under way.
     """
     from pipeline.decode import generate
@@ -258,7 +259,7 @@ def evaluate_generate(
     _require_examples(got, dataset)
     metrics = {"n_examples": float(len(got.ids)), **_nll_metrics(got)}
     refs = got.references
-    bleu_tokenize = "none" if multiwoz is not None else text.DEFAULT_TOKENIZE
+
     for suffix in configs:
         hyps = got.hypotheses[decode_label(suffix)]
         chat = text.chateval(hyps, refs, vectors)
@@ -476,7 +477,7 @@ def evaluate_run(
     decodes = settings.evaluate.decodes_for(model_name)
     if task.value == Task.GENERATE:
         vectors = word_vectors(settings.evaluate, shards, vocab)
-        if corpus in MULTIWOZ_CORPORA:
+        if corpus_spec(corpus).task_oriented:
             multiwoz = _multiwoz_inputs(corpus, settings, layout.raw(corpus))
 
     per_seed: list[SeedMetrics] = []
@@ -495,7 +496,16 @@ def evaluate_run(
         with torch.no_grad(), bar:
             if task.value == Task.GENERATE:
                 result = evaluate_generate(
-                    model, dataset, vocab, settings, decodes, vectors, device, multiwoz, bar
+                    model,
+                    dataset,
+                    vocab,
+                    settings,
+                    decodes,
+                    vectors,
+                    device,
+                    multiwoz,
+                    bar,
+                    corpus_spec(corpus).bleu_tokenize,
                 )
             elif task.value == Task.SELECT:
                 result = evaluate_select(model, dataset, settings, device, bar)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,14 +25,27 @@ class TaskKind(enum.StrEnum):
     LM = "lm"
 
 
+@dataclass(frozen=True)
+class DataSizes:
+    """The sizes a model takes from its corpus, never from params or constants: the
+    vocabulary and, for corpora with dialogue acts, the act inventory (the tokenize
+    record's ``data_sizes()``)."""
+
+    vocab_size: int
+    n_acts: int | None = None
+
+
 class ModelConfig(BaseModel):
     """Base of every model's hyper-parameters: frozen, unknown fields rejected.
 
     Subclasses set their paper's sizes as defaults and validate cross-field constraints
-    in ``model_validator``s that raise ``ValueError`` naming the field.
+    in ``model_validator``s that raise ``ValueError`` naming the field. ``DATA_FIELDS``
+    are the fields ``registry.make_config`` fills from :class:`DataSizes` (params may not
+    set them).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    DATA_FIELDS: ClassVar[tuple[str, ...]] = ("vocab_size",)
 
     vocab_size: int
 
@@ -174,12 +187,17 @@ class LanguageModel(nn.Module):
         return LossOutput(loss=total / n.clamp(min=1), nll_sum=total.detach(), n_tokens=n)
 
 
-def token_loss(logits: Tensor, targets: Tensor, mask: Tensor) -> LossOutput:
-    """Mean cross-entropy over ``mask``ed target tokens."""
+def masked_token_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """Per-token cross-entropy ``[..., L]`` (float32), zero where ``mask`` is False."""
     nll = nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="none"
-    ).view_as(targets)
-    nll = nll * mask
+    )
+    return nll.view_as(targets) * mask
+
+
+def token_loss(logits: Tensor, targets: Tensor, mask: Tensor) -> LossOutput:
+    """Mean cross-entropy over ``mask``ed target tokens."""
+    nll = masked_token_nll(logits, targets, mask)
     n = mask.sum()
     total = nll.sum()
     return LossOutput(loss=total / n.clamp(min=1), nll_sum=total.detach(), n_tokens=n)

@@ -37,10 +37,15 @@ from torch import Tensor, nn
 
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import AttentionModelConfig, LanguageModel, TaskKind
-from pipeline.models.gpt import Stack, extent, scatter_rows, sequence_nll
+from pipeline.models.base import (
+    AttentionModelConfig,
+    LanguageModel,
+    TaskKind,
+    masked_token_nll,
+)
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.registry import register
+from pipeline.models.stack import Stack, extent, scatter_rows
 
 
 class Stage(enum.IntEnum):
@@ -192,7 +197,7 @@ class HierarchicalGPT(LanguageModel):
         first = self.from_document(predicted).unsqueeze(1)
         inputs = torch.cat([first, self.embed(ids[:, :-1])], dim=1)
         logits = self.output(self.decoder(inputs))
-        return sequence_nll(logits, ids, mask)
+        return masked_token_nll(logits, ids, mask)
 
     def token_nll(self, batch: LMBatch) -> Tensor:
         """NLL ``[B, S, Ls]`` of every sentence token given the previous sentences (through

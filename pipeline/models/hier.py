@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
@@ -126,15 +126,20 @@ class MatConfig(HierConfig):
 
 
 class HierPPConfig(HierConfig):
-    """HIER++ (Table 1): 4/6/3, H 91, 7 heads, E 175, 44-dim dialogue acts. HIER-CLS
-    "differs from HIER++ only with respect to the CT-Mask", so it shares these sizes."""
+    """HIER++ (Table 1): 4/6/3, H 91, 7 heads, E 175, with the dialogue acts of its corpus.
+    HIER-CLS "differs from HIER++ only with respect to the CT-Mask", so it shares these
+    sizes. The act vector's width is the corpus' act inventory (``DATA_FIELDS``): the
+    paper's 44 is HDSA's inventory of MultiWOZ 2.0; our data builds its own (48 act types
+    on the shared 2.1 files)."""
+
+    DATA_FIELDS: ClassVar[tuple[str, ...]] = ("vocab_size", "n_acts")
 
     d_model: int = Field(175, ge=1)
     d_ff: int = Field(91, ge=1)
     n_heads: int = Field(7, ge=1)
     n_utterance_layers: int = Field(4, ge=0)
     n_context_layers: int = Field(6, ge=0)
-    n_acts: int | None = Field(44, ge=1)
+    n_acts: int = Field(ge=1)
 
 
 class SetPPConfig(HierPPConfig):

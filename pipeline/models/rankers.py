@@ -17,14 +17,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from pipeline.data.batch import SelectBatch
-from pipeline.models.base import LossOutput, SelectModel, TaskKind
-from pipeline.models.highway import (
+from pipeline.models.base import LossOutput, ModelConfig, SelectModel, TaskKind
+from pipeline.models.registry import register
+from pipeline.models.selection import (
     FeatureEmbedding,
     HighwayAttention,
     RankingLoss,
@@ -37,7 +39,6 @@ from pipeline.models.highway import (
     encode_candidates,
     ranking_loss,
 )
-from pipeline.models.registry import register
 from pipeline.models.utterances import split_utterances
 
 # --------------------------------------------------------------------------- LSTM baselines
@@ -262,3 +263,69 @@ class WithNoneCandidate(SelectModel):
         return ranking_loss(
             append_none(logits), none_labels(batch.labels), RankingLoss.LSE, self.margin
         )
+
+
+# --------------------------------------------------------------------------- registered wrappers
+
+
+class EnsembleConfig(ModelConfig):
+    """An ensemble by name (HRT paper, "Ensemble"): the registered select models
+    ``members``, each at its paper sizes with ``overrides[member]`` applied, logits summed."""
+
+    members: tuple[str, ...] = ("hrt_last", "hrt_all")
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _members_are_select_models(self) -> EnsembleConfig:
+        _check_select_models("members", self.members, self.overrides)
+        return self
+
+
+class WithNoneConfig(ModelConfig):
+    """DSTC7 subtask 4 by name: the registered select model ``model`` (with ``overrides``)
+    scoring a virtual NONE candidate too, trained with ``loss`` (``margin`` for LSE)."""
+
+    model: str = "hrt_last"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    loss: RankingLoss = RankingLoss.BCE
+    margin: float = Field(0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _model_is_a_select_model(self) -> WithNoneConfig:
+        _check_select_models("model", (self.model,), {self.model: self.overrides})
+        return self
+
+
+_WRAPPERS = ("ensemble", "with_none")
+
+
+def _check_select_models(
+    field: str, names: Sequence[str], overrides: dict[str, dict[str, Any]]
+) -> None:
+    from pipeline.models import registry
+
+    if not names:
+        raise ValueError(f"{field}: name at least one model")
+    select = [n for n in registry.names(TaskKind.SELECT) if n not in _WRAPPERS]
+    for name in [*names, *overrides]:
+        if name not in select:
+            raise ValueError(f"{field}: {name!r} is not a select model; choose among {select}")
+
+
+def _member(name: str, vocab_size: int, overrides: dict[str, Any]) -> SelectModel:
+    from pipeline.models import registry
+
+    return registry.build(name, vocab_size, **overrides)  # type: ignore[return-value]
+
+
+@register("ensemble", TaskKind.SELECT, EnsembleConfig)
+def build_ensemble(config: EnsembleConfig) -> Ensemble:
+    return Ensemble(
+        [_member(m, config.vocab_size, config.overrides.get(m, {})) for m in config.members]
+    )
+
+
+@register("with_none", TaskKind.SELECT, WithNoneConfig)
+def build_with_none(config: WithNoneConfig) -> WithNoneCandidate:
+    inner = _member(config.model, config.vocab_size, config.overrides)
+    return WithNoneCandidate(inner, config.loss, config.margin)

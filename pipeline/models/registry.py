@@ -1,7 +1,9 @@
-"""Models by name: ``names()`` lists them, ``build(name, vocab_size, **overrides)`` makes one.
+"""Models by name: ``names()`` lists them, ``build(name, sizes, **overrides)`` makes one.
 
 Each model module registers its names with ``@register``; adding a model is one decorator
-in its module plus its module in ``_MODULES``.
+in its module plus its module in ``_MODULES``. ``sizes`` are the data's
+(:class:`~pipeline.models.base.DataSizes`, from the tokenize record): a config's
+``DATA_FIELDS`` come from them and nowhere else.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from pipeline.errors import ConfigError
-from pipeline.models.base import ModelConfig, TaskKind
+from pipeline.models.base import DataSizes, ModelConfig, TaskKind
 
 _MODULES = (
     "transformer",
@@ -82,15 +84,38 @@ def spec(name: str) -> ModelSpec:
     return _REGISTRY[name]
 
 
-def make_config(name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
-    """The validated config of ``name`` with its paper defaults, preset and ``overrides``."""
+def data_values(name: str, sizes: DataSizes | int) -> dict[str, Any]:
+    """The config values ``name`` takes from the data (``ModelConfig.DATA_FIELDS``); an int
+    is a vocabulary size alone. A size the model needs and the data lacks (acts on a
+    corpus without them) is a ``ConfigError``."""
+    if isinstance(sizes, int):
+        sizes = DataSizes(vocab_size=sizes)
+    values = {field: getattr(sizes, field) for field in spec(name).config_cls.DATA_FIELDS}
+    if values.get("n_acts", 0) is None:
+        raise ConfigError(
+            f"{name}.n_acts",
+            f"{name} reads the dialogue acts of its corpus, and this corpus has none: "
+            "train it on a corpus with acts (multiwoz, multiwoz21)",
+        )
+    return values
+
+
+def make_config(name: str, sizes: DataSizes | int, **overrides: Any) -> ModelConfig:
+    """The validated config of ``name`` with its paper defaults, preset, the data's sizes
+    (``sizes``: a :class:`DataSizes`, or a vocabulary size alone) and ``overrides``."""
     s = spec(name)
     fixed = dict(s.preset)
     clash = sorted(set(fixed) & set(overrides))
     if clash:
         raise ConfigError(f"{name}.{clash[0]}", f"is fixed to {fixed[clash[0]]!r} for {name}")
+    data = data_values(name, sizes)
+    taken = sorted(set(data) & set(overrides))
+    if taken:
+        raise ConfigError(
+            f"{name}.{taken[0]}", "comes from the data (the tokenize record): remove it"
+        )
     try:
-        return s.config_cls(vocab_size=vocab_size, **fixed, **overrides)
+        return s.config_cls(**data, **fixed, **overrides)
     except ValidationError as err:
         first = err.errors()[0]
         key, reason = ".".join(str(p) for p in first["loc"]), first["msg"]
@@ -102,9 +127,9 @@ def make_config(name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
         raise ConfigError(f"{name}.{key}", reason) from None
 
 
-def build(name: str, vocab_size: int, **overrides: Any) -> nn.Module:
-    """Build model ``name`` at its paper's sizes, with ``overrides`` applied."""
-    config = make_config(name, vocab_size, **overrides)
+def build(name: str, sizes: DataSizes | int, **overrides: Any) -> nn.Module:
+    """Build model ``name`` at its paper's sizes for data of ``sizes``, with ``overrides``."""
+    config = make_config(name, sizes, **overrides)
     return build_from_config(name, config)
 
 

@@ -11,30 +11,22 @@ utterance, so the same utterance would get a different embedding depending on ho
 history precedes it, and truncating the history (keeping the most recent tokens) would
 shift every index. Counting backwards gives the last utterance a fixed embedding.
 
-``EncoderDecoder`` holds what the U-Net Transformer shares with this model (input
-embedding, decoder, incremental decoding); subclasses supply the encoder stack.
+The frame it shares with the U-Net Transformer (input embedding, decoder, incremental
+decoding) is ``seq2seq.EncoderDecoder``; this module supplies the encoder stack.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 
-from pipeline.data.batch import GenerateBatch, History
-from pipeline.data.special import PAD_ID
-from pipeline.models.base import AttentionModelConfig, Seq2SeqModel, TaskKind
+from pipeline.models.base import AttentionModelConfig, TaskKind
 from pipeline.models.layers import (
-    Decoder,
-    DecoderCache,
     EncoderLayer,
-    SegmentEmbedding,
-    SinusoidalPositions,
-    TokenEmbedding,
     padding_mask,
 )
 from pipeline.models.registry import register
+from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory, check_head_size
 
 
 class TransformerConfig(AttentionModelConfig):
@@ -69,113 +61,6 @@ class AdjTransformerConfig(TransformerConfig):
 
     d_model: int = Field(301, ge=1)
     d_ff: int = Field(1204, ge=1)
-
-
-def check_head_size(d_head: int | None, info: ValidationInfo) -> int | None:
-    """``d_head=None`` means ``d_model // n_heads``: then the heads must divide the width.
-    (A field validator, so the error names ``d_head``.)"""
-    d_model, n_heads = info.data.get("d_model"), info.data.get("n_heads")
-    if d_head is None and d_model is not None and n_heads is not None and d_model % n_heads:
-        raise ValueError(
-            f"None (d_model // n_heads) needs n_heads={n_heads} to divide "
-            f"d_model={d_model}; set d_head explicitly"
-        )
-    return d_head
-
-
-def recent_first_segments(history: History) -> Tensor:
-    """Utterance index of each token counted from the most recent utterance (0 at padding)."""
-    index = history.utt_index * history.input_mask
-    last = index.max(dim=1, keepdim=True).values
-    return (last - index).clamp(min=0) * history.input_mask
-
-
-class HistoryEmbedding(nn.Module):
-    """Token embedding + sinusoidal flat position + learned segment, zero at padding.
-
-    Padding rows are zeroed so that any convolution over the sequence sees padding exactly
-    like its own zero padding (U-Net), and pad outputs stay zero as in the paper.
-    """
-
-    def __init__(self, tokens: TokenEmbedding, n_segments: int, dropout: float) -> None:
-        super().__init__()
-        d_model = tokens.embedding_dim
-        self.tokens = tokens
-        self.positions = SinusoidalPositions(d_model)
-        self.segments = SegmentEmbedding(n_segments, d_model)
-        nn.init.xavier_uniform_(self.segments.weight)  # the paper: Xavier for all parameters
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, history: History) -> Tensor:
-        ids = history.input_ids
-        x = (
-            self.tokens(ids)
-            + self.positions.range(ids.shape[1], ids.device)
-            + self.segments(recent_first_segments(history))
-        )
-        return self.dropout(x) * history.input_mask.unsqueeze(-1)
-
-
-@dataclass
-class EncoderMemory:
-    """What the decoder attends to: one ``[B, L, d]`` state and ``[B, L]`` real-token mask,
-    or one of each per decoder layer (U-Net per-layer attention). Batch-first throughout,
-    so beams reorder it with ``select_batch_dim``."""
-
-    states: Tensor | list[Tensor]
-    masks: Tensor | list[Tensor]
-
-
-class EncoderDecoder(Seq2SeqModel):
-    """History embedding -> ``encode_embedded`` (the subclass's stack) -> ``layers.Decoder``.
-
-    Encoder and decoder share the token embedding, which is also the output projection.
-    """
-
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        n_decoder_layers: int,
-        n_heads: int,
-        d_head: int,
-        d_ff: int,
-        dropout: float,
-        n_segments: int,
-        d_memory: int | list[int] | None = None,
-        attention_dropout: float | None = None,
-    ) -> None:
-        super().__init__()
-        self.decoder = Decoder(
-            vocab_size,
-            d_model,
-            n_decoder_layers,
-            n_heads,
-            d_ff,
-            dropout,
-            d_head,
-            d_memory,
-            PAD_ID,
-            attention_dropout,
-        )
-        self.embedding = HistoryEmbedding(self.decoder.embed, n_segments, dropout)
-
-    def encode_embedded(self, x: Tensor, mask: Tensor) -> EncoderMemory:
-        """Run the encoder stack on embedded history ``x`` ``[B, L, d]`` (zero at padding)."""
-        raise NotImplementedError
-
-    def encode(self, batch: GenerateBatch) -> EncoderMemory:
-        history = batch.history
-        return self.encode_embedded(self.embedding(history), history.input_mask)
-
-    def decode(
-        self, tokens: Tensor, memory: EncoderMemory, state: DecoderCache | None = None
-    ) -> tuple[Tensor, DecoderCache | None]:
-        logits = self.decoder(tokens, memory.states, memory.masks, cache=state)
-        return logits, state
-
-    def init_state(self, memory: EncoderMemory, batch_size: int) -> DecoderCache:
-        return self.decoder.init_cache()
 
 
 class TransformerEncoder(nn.Module):

@@ -56,7 +56,7 @@ from torch.nn import functional as F
 from pipeline.models.base import AttentionModelConfig, TaskKind
 from pipeline.models.layers import FeedForward, MultiHeadAttention, xavier_
 from pipeline.models.registry import register
-from pipeline.models.transformer import EncoderDecoder, EncoderMemory, check_head_size
+from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory, check_head_size
 
 
 class UNetConfig(AttentionModelConfig):

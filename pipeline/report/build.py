@@ -17,6 +17,7 @@ from pathlib import Path
 from pipeline import tracking
 from pipeline.artifacts import Layout
 from pipeline.config import Params, Task
+from pipeline.data.corpora import corpus_spec
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.models.unet import UNetConfig
 from pipeline.report import plots
@@ -266,11 +267,8 @@ def significance_scope(seeds: list[int]) -> str:
 
 
 def _bleu_tokenizers(params: Params) -> dict[str, str]:
-    """Delexicalised corpora are pre-tokenised: split on spaces only (``text.py``)."""
-    return {
-        c.value: "none" if p.generate.delexicalize else "13a"
-        for c, p in params.tokenize.corpora.items()
-    }
+    """Each corpus' BLEU tokenizer, from its spec (the evaluate stage's too)."""
+    return {c.value: corpus_spec(c.value).bleu_tokenize for c in params.tokenize.corpora}
 
 
 def log_to_mlflow(

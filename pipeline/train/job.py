@@ -21,7 +21,7 @@ from pipeline.data.batch import Batch
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import ModelConfig
+from pipeline.models.base import DataSizes, ModelConfig
 
 TRAIN_SPLIT = "train"
 VALID_SPLIT = "valid"
@@ -40,12 +40,12 @@ class RegistryModel:
 
 
 def model_config(
-    name: str, vocab_size: int, overrides: dict[str, Any], key: str = "train"
+    name: str, sizes: DataSizes, overrides: dict[str, Any], key: str = "train"
 ) -> ModelConfig:
-    """The validated config of model ``name``; a bad override raises a ``ConfigError``
-    naming ``<key>.model.<field>`` (``key`` is where the overrides came from)."""
+    """The validated config of model ``name`` for data of ``sizes``; a bad override raises
+    a ``ConfigError`` naming ``<key>.model.<field>`` (``key``: where overrides came from)."""
     try:
-        return registry.make_config(name, vocab_size, **overrides)
+        return registry.make_config(name, sizes, **overrides)
     except ConfigError as err:
         field_name = err.key.removeprefix(f"{name}.")
         raise ConfigError(f"{key}.model.{field_name}", err.reason) from None
@@ -54,13 +54,13 @@ def model_config(
 @dataclass(frozen=True)
 class ConfiguredModel:
     """``(name, params) -> RegistryModel`` with ``params.model`` validated for a corpus of
-    ``vocab_size`` tokens (a ``ConfigError`` for an invalid combination)."""
+    ``sizes`` (a ``ConfigError`` for an invalid combination)."""
 
-    vocab_size: int
+    sizes: DataSizes
     key: str = "train"
 
     def __call__(self, name: str, params: RunParams) -> RegistryModel:
-        config = model_config(name, self.vocab_size, params.model, self.key)
+        config = model_config(name, self.sizes, params.model, self.key)
         return RegistryModel(name, config.model_dump(mode="json"))
 
 

@@ -28,9 +28,10 @@ from pipeline.artifacts import (
 )
 from pipeline.config import CorpusName, Params, RunParams, run_key
 from pipeline.data.loader import load_vocab
+from pipeline.data.shards import read_manifest
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import TaskKind
+from pipeline.models.base import DataSizes, TaskKind
 from pipeline.serving import ServingSpec
 from pipeline.train.distributed import fit, has_checkpoint, ray_cluster, storage_path
 from pipeline.train.job import (
@@ -57,7 +58,7 @@ class Plan:
     task: TaskKind
     params: RunParams
     config: dict[str, Any]
-    vocab_size: int
+    sizes: DataSizes
     tuned_from: TuneRecord | None
 
 
@@ -93,9 +94,9 @@ def plan_train(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
         )
     workers = max(params.train.scale.num_workers, 1)
     per_rank_batch(run.batch_size, workers, "batch_size")
-    vocab = load_vocab(layout.shards(corpus))
-    config = model_config(model, len(vocab), run.model, f"train.models.{model}")
-    return Plan(model, corpus, task, run, config.model_dump(mode="json"), len(vocab), best)
+    sizes = read_manifest(layout.shards(corpus)).data_sizes()
+    config = model_config(model, sizes, run.model, f"train.models.{model}")
+    return Plan(model, corpus, task, run, config.model_dump(mode="json"), sizes, best)
 
 
 # --------------------------------------------------------------------------- train
@@ -315,7 +316,7 @@ def plan_tune(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
     task = _task(params, model, corpus, f"tune.runs.{key}")
     space = params.tune.spaces[model]
     fields = registry.spec(model).config_cls.model_fields
-    searchable = sorted(set(fields) - {"vocab_size"})
+    searchable = sorted(set(fields) - set(registry.spec(model).config_cls.DATA_FIELDS))
     for name in space.model:
         if name not in searchable:
             raise ConfigError(
@@ -324,9 +325,9 @@ def plan_tune(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
             )
     run = params.train.run(model, corpus)
     per_rank_batch(run.batch_size, max(params.train.scale.num_workers, 1), "batch_size")
-    vocab = load_vocab(layout.shards(corpus))
-    config = model_config(model, len(vocab), run.model, f"train.models.{model}")
-    return Plan(model, corpus, task, run, config.model_dump(mode="json"), len(vocab), None)
+    sizes = read_manifest(layout.shards(corpus)).data_sizes()
+    config = model_config(model, sizes, run.model, f"train.models.{model}")
+    return Plan(model, corpus, task, run, config.model_dump(mode="json"), sizes, None)
 
 
 def tune_run(
@@ -363,7 +364,7 @@ def tune_run(
             )
         setup = TrialSetup(
             model_name=model,
-            model_factory=ConfiguredModel(plan.vocab_size, f"tune.spaces.{model}"),
+            model_factory=ConfiguredModel(plan.sizes, f"tune.spaces.{model}"),
             data=shard_data(shards, plan.task.value, plan.params),
             base=plan.params,
             tune=tune_params,

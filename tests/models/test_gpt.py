@@ -12,7 +12,8 @@ from pipeline.data.special import BOS_ID, EOS_ID, SPECIAL_TOKENS
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import TaskKind, count_parameters
-from pipeline.models.gpt import GPT, extent, scatter_rows
+from pipeline.models.gpt import GPT
+from pipeline.models.stack import extent, scatter_rows
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch
 
 VOCAB = 40

@@ -13,6 +13,7 @@ from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.errors import ConfigError
 from pipeline.models import masks, registry
+from pipeline.models.base import DataSizes
 from pipeline.models.hier import HierJoint, HierTransformer, greedy_tokens
 from pipeline.models.masks import ContextMask, MemoryKeys
 from tests.batches import chitchat_generate_batch, make_history, random_generate_batch
@@ -29,12 +30,11 @@ def small(name: str, vocab: int = VOCAB, **extra) -> HierTransformer:
         sizes["n_utterance_layers"] = 1
     if name not in ("set", "set_pp"):
         sizes["n_context_layers"] = 1
-    if name in ("hier_pp", "set_pp", "hier_cls"):
-        sizes["n_acts"] = N_ACTS
     if name == "hier_joint":
         sizes |= dict(max_belief_len=6, max_act_len=5)
     torch.manual_seed(0)
-    return registry.build(name, vocab, **(sizes | extra)).eval()  # type: ignore[return-value]
+    data = DataSizes(vocab_size=vocab, n_acts=N_ACTS)
+    return registry.build(name, data, **(sizes | extra)).eval()  # type: ignore[return-value]
 
 
 def random_ids(batch_size: int, max_len: int, vocab: int, seed: int) -> torch.Tensor:
@@ -112,14 +112,14 @@ def test_registered_with_paper_sizes():
         "hier": (3, 3, 3, 100, 4, 100, None),
         "set": (6, 0, 3, 100, 4, 100, None),
         "mat": (0, 4, 6, 200, 5, 100, None),
-        "hier_pp": (4, 6, 3, 91, 7, 175, 44),
-        "set_pp": (4, 0, 3, 91, 7, 175, 44),
-        "hier_cls": (4, 6, 3, 91, 7, 175, 44),
+        "hier_pp": (4, 6, 3, 91, 7, 175, 48),  # the paper's 44: HDSA's inventory
+        "set_pp": (4, 0, 3, 91, 7, 175, 48),
+        "hier_cls": (4, 6, 3, 91, 7, 175, 48),
         "hier_joint": (3, 3, 3, 100, 4, 100, None),
     }
     assert set(NAMES) <= set(registry.names("generate"))
     for name, sizes in expect.items():
-        c = registry.make_config(name, 1505)
+        c = registry.make_config(name, DataSizes(vocab_size=1505, n_acts=48))
         got = (
             c.n_utterance_layers,
             c.n_context_layers,
@@ -132,7 +132,7 @@ def test_registered_with_paper_sizes():
         assert got == sizes, name
     assert registry.make_config("hier", 10).context_mask is ContextMask.HIER
     assert registry.make_config("hier", 10).memory_keys is MemoryKeys.ALL
-    cls = registry.make_config("hier_cls", 10)
+    cls = registry.make_config("hier_cls", DataSizes(vocab_size=10, n_acts=3))
     assert (cls.context_mask, cls.memory_keys) == (ContextMask.CLS, MemoryKeys.FIRST_TOKENS)
 
 
@@ -146,6 +146,11 @@ def test_config_errors_name_the_field():
         registry.build("set", 10, n_context_layers=2)  # fixed by the preset
     with pytest.raises(ConfigError, match=r"hier_joint\.n_acts"):
         registry.build("hier_joint", 10, n_acts=4)
+    # act models take the act inventory from the data, never from params or a constant
+    with pytest.raises(ConfigError, match=r"hier_pp\.n_acts: hier_pp reads the dialogue acts"):
+        registry.build("hier_pp", 10)  # a corpus without acts
+    with pytest.raises(ConfigError, match=r"set_pp\.n_acts: comes from the data"):
+        registry.build("set_pp", DataSizes(vocab_size=10, n_acts=5), n_acts=44)
     # Explicit per-head size lifts the divisibility constraint.
     model = registry.build("hier", 10, d_model=30, n_heads=4, d_head=8, d_ff=16)
     assert model.encoder.context_layers[0].attn.d_head == 8

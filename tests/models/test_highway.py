@@ -15,10 +15,10 @@ from pipeline.errors import ConfigError
 from pipeline.eval.ranking import recall_at_k
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
-from pipeline.models.highway import (
+from pipeline.models.highway import HighwayRecurrentTransformer
+from pipeline.models.selection import (
     HighwayAttention,
     HighwayFormula,
-    HighwayRecurrentTransformer,
     RankingLoss,
     lse_ranking_loss,
     masked_max,

@@ -10,7 +10,6 @@ import torch
 from pipeline.eval.ranking import first_correct_ranks, recall_at_k
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
-from pipeline.models.highway import RankingLoss, lse_ranking_loss
 from pipeline.models.rankers import (
     DualLSTM,
     Ensemble,
@@ -19,6 +18,7 @@ from pipeline.models.rankers import (
     append_none,
     none_labels,
 )
+from pipeline.models.selection import RankingLoss, lse_ranking_loss
 from pipeline.models.utterances import split_utterances
 from tests.batches import chitchat_select_batch
 from tests.models.test_highway import VOCAB, pad_batch, random_select_batch, select_rows

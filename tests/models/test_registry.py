@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import LanguageModel, SelectModel, Seq2SeqModel, TaskKind
+from pipeline.models.base import DataSizes, LanguageModel, SelectModel, Seq2SeqModel, TaskKind
 
 GENERATE = [
     "transformer", "adj_transformer", "transformer_skip", "transformer_skip_conv", "unet",
@@ -15,7 +15,7 @@ GENERATE = [
 ]  # fmt: skip
 SELECT = [
     "hrt_last", "hrt_all", "dual_lstm", "hier_lstm", "transformer_ranker",
-    "transformer_last_ranker",
+    "transformer_last_ranker", "ensemble", "with_none",
 ]  # fmt: skip
 LM = ["gpt", "congruent_gpt", "hgpt", "congruent_hgpt"]
 
@@ -35,7 +35,8 @@ def test_model_class_matches_task(name: str) -> None:
         TaskKind.LM: LanguageModel,
     }
     spec = registry.spec(name)
-    model = registry.build_from_config(name, registry.make_config(name, vocab_size=64))
+    sizes = DataSizes(vocab_size=64, n_acts=5)
+    model = registry.build_from_config(name, registry.make_config(name, sizes))
     assert isinstance(model, base[spec.task])
     assert model.config.vocab_size == 64
 

@@ -16,7 +16,8 @@ from pipeline.data.batch import GenerateBatch, History
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import Seq2SeqModel, count_parameters, select_batch_dim
-from pipeline.models.transformer import Transformer, TransformerConfig, recent_first_segments
+from pipeline.models.seq2seq import recent_first_segments
+from pipeline.models.transformer import Transformer, TransformerConfig
 from tests.batches import chitchat_generate_batch, make_history, random_generate_batch
 
 SMALL = {"d_model": 16, "n_heads": 2, "d_head": 8, "d_ff": 32, "n_decoder_layers": 2}

@@ -1,0 +1,73 @@
+"""The Transformer stack of the language models: sinusoidal positions, dropout, then
+post-norm ``EncoderLayer``s, causal (GPT) or bidirectional (a sentence encoder); and the
+two helpers they share to trim padding away (``extent``, ``scatter_rows``)."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from pipeline.models.layers import EncoderLayer, SinusoidalPositions, padding_mask
+
+
+class Stack(nn.Module):
+    """Sinusoidal positions, dropout, then ``n_layers`` post-norm Transformer layers.
+
+    ``causal=True`` makes it a GPT block (position i sees positions <= i); otherwise it is
+    a bidirectional (BERT-like) encoder over the real positions of ``mask``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        n_layers: int,
+        dropout: float,
+        congruent: bool,
+        causal: bool,
+        attention_dropout: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.causal = causal
+        self.positions = SinusoidalPositions(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                d_model,
+                n_heads,
+                d_ff,
+                dropout,
+                congruent=congruent,
+                attention_dropout=attention_dropout,
+            )
+            for _ in range(n_layers)
+        )
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``x`` ``[B, L, d]`` input embeddings; ``mask`` ``[B, L]`` True = real position.
+
+        A causal stack needs no mask for right-padded input: real positions never see the
+        padding after them.
+        """
+        x = self.dropout(x + self.positions.range(x.shape[1], x.device))
+        attn_mask = None if mask is None else padding_mask(mask)
+        for layer in self.layers:
+            x = layer(x, mask=attn_mask, causal=self.causal)
+        return x
+
+
+def extent(mask: Tensor) -> int:
+    """Length of the last dimension up to and including its last True anywhere (0 if none).
+
+    Models trim batches to it, so extra padding cannot change any computation.
+    """
+    columns = mask.reshape(-1, mask.shape[-1]).any(0).nonzero()
+    return int(columns[-1]) + 1 if len(columns) else 0
+
+
+def scatter_rows(mask: Tensor, values: Tensor) -> Tensor:
+    """Place ``values`` ``[N, ...]`` at the ``N`` True entries of ``mask`` (row-major order),
+    zeros elsewhere; differentiable."""
+    out = values.new_zeros(*mask.shape, *values.shape[1:])
+    out[mask] = values
+    return out

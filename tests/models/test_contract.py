@@ -1,0 +1,179 @@
+"""The contract every registered model passes (``registry.names()``, wrappers included).
+
+Per model, at tiny sizes, on real tokenized data (chitchat for select and lm models,
+MultiWOZ for generate models: acts and belief states are there for the models that read
+them): it builds from the data's sizes; an example's result does not depend on the batch
+it is padded into; its loss on a real batch is finite and goes down with training; it
+survives the stage contract's save/load exactly; and it answers through the same function
+the evaluate stage uses (``decode.generate``, ``score``, ``eval.perplexity.example_nll``).
+Per-family files test only what is specific to the family.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline.artifacts import load_model, save_model
+from pipeline.config import parse_params
+from pipeline.data.loader import open_split
+from pipeline.data.tokenize import tokenize_corpus
+from pipeline.decode import DecodeConfig, generate
+from pipeline.eval.perplexity import example_nll
+from pipeline.models import registry
+from pipeline.models.base import TaskKind
+
+# Overrides that shrink a config, applied where the config has the field and the name
+# does not fix it; a few families need their own (below).
+SHRINK = {
+    "d_model": 16, "d_embed": 16, "d_ff": 32, "d_hidden": 16, "d_latent": 8, "d_head": 8,
+    "n_heads": 2, "n_layers": 1, "n_encoder_layers": 1, "n_decoder_layers": 1,
+    "n_utterance_layers": 1, "n_context_layers": 1, "dropout": 0.0,
+}  # fmt: skip
+SPECIAL = {
+    # the U-Net stack is in + down + up + out layers: 4 is the smallest with a down layer
+    **{name: {"n_layers": 4} for name in ("unet", "unet_linear", "transformer_skip",
+                                          "transformer_skip_conv")},
+    "unet_per_layer_att": {"n_layers": 4, "n_decoder_layers": 4},  # a decoder layer each
+    "hier_joint": {"max_belief_len": 6, "max_act_len": 5},
+}  # fmt: skip
+RANKER = {k: v for k, v in SHRINK.items() if k in ("d_model", "d_embed", "d_ff", "n_heads")}
+WRAPPERS = {
+    "ensemble": {"overrides": {"hrt_last": {**RANKER, "n_layers": 1}, "hrt_all": RANKER}},
+    "with_none": {"overrides": {**RANKER, "n_layers": 1}},
+}
+CHITCHAT = {
+    "tasks": ["generate", "select", "lm"],
+    "max_dialogues": 40,
+    "vocab": {"size": 200},
+    "split": {"valid": 0.1, "test": 0.1},
+    "generate": {"max_history": 40, "max_utterances": 4, "max_response": 12},
+    "select": {"n_candidates_train": 4, "n_candidates_eval": 4, "max_candidate": 12},
+    "lm": {"sentences_per_document": 3, "max_sentence": 12},
+}
+MULTIWOZ = {
+    "tasks": ["generate"],
+    "vocab": {"size": 300},
+    "generate": {"max_history": 40, "max_utterances": 4, "max_response": 12, "delexicalize": True},
+}
+
+
+def tiny(name: str) -> dict:
+    if name in WRAPPERS:
+        return WRAPPERS[name]
+    spec = registry.spec(name)
+    fixed = {field for field, _ in spec.preset} | set(spec.config_cls.DATA_FIELDS)
+    fields = spec.config_cls.model_fields
+    shrunk = {k: v for k, v in SHRINK.items() if k in fields and k not in fixed}
+    return shrunk | SPECIAL.get(name, {})
+
+
+@pytest.fixture(scope="module")
+def corpora(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("contract")
+    raw = root / "multiwoz-raw"
+    raw.mkdir()
+    with zipfile.ZipFile(shared_data / "multiwoz" / "convlab1" / "val.json.zip") as zf:
+        dialogues = list(json.loads(zf.read("val.json")).items())
+    for part, chunk in (("train", dialogues[:24]), ("val", dialogues[24:28])):
+        (raw / f"{part}.json").write_text(json.dumps(dict(chunk)))
+    (raw / "test.json").write_text(json.dumps(dict(dialogues[28:32])))
+    params = parse_params({"tokenize": {"corpora": {"chitchat": CHITCHAT, "multiwoz": MULTIWOZ}}})
+    tokenize_corpus("chitchat", None, root / "chitchat", params)
+    tokenize_corpus("multiwoz", raw, root / "multiwoz", params)
+    return {"chitchat": root / "chitchat", "multiwoz": root / "multiwoz"}
+
+
+def setup(name: str, corpora: dict[str, Path], n: int = 4):
+    """The model ``name`` built from its corpus' record, and ``n`` real train examples."""
+    from pipeline.data.shards import read_manifest
+
+    task = registry.spec(name).task
+    shards = corpora["multiwoz" if task == TaskKind.GENERATE else "chitchat"]
+    torch.manual_seed(0)
+    model = registry.build(name, read_manifest(shards).data_sizes(), **tiny(name)).eval()
+    dataset = open_split(shards, task.value, "train")
+    return model, dataset, [dataset[i] for i in range(n)]
+
+
+def per_example(model, batch, task: TaskKind) -> torch.Tensor:
+    """What evaluation reads per example: select scores, else per-example summed NLL."""
+    with torch.no_grad():
+        if task == TaskKind.SELECT:
+            return model.score(batch).float()
+        return example_nll(model, batch).nll_sum.float()
+
+
+NAMES = registry.names()
+# Known defect, fixed by issue 14 item 1: their evaluation scores one unseeded latent
+# sample, so an example's NLL changes from call to call.
+UNSEEDED_LATENT = pytest.mark.xfail(
+    strict=True, reason="VHRED/VHCR evaluation draws an unseeded latent sample (issue 14.1)"
+)
+DETERMINISTIC = [
+    pytest.param(n, marks=UNSEEDED_LATENT) if n in ("vhred", "vhcr") else n for n in NAMES
+]
+
+
+def test_the_contract_covers_every_registered_name_and_the_wrappers():
+    assert {"ensemble", "with_none", "hier_pp", "gpt", "unet", "hrt_last"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_builds_from_the_data_sizes(name: str, corpora):
+    model, dataset, _ = setup(name, corpora)
+    record = dataset.table.manifest
+    assert model.config.vocab_size == record.vocab_size
+    if "n_acts" in type(model.config).DATA_FIELDS:
+        assert model.config.n_acts == record.n_acts
+
+
+@pytest.mark.parametrize("name", DETERMINISTIC)
+def test_an_example_does_not_depend_on_its_batch(name: str, corpora):
+    model, dataset, examples = setup(name, corpora)
+    task = registry.spec(name).task
+    alone = per_example(model, dataset.collate(examples[:1]), task)
+    padded = per_example(model, dataset.collate(examples), task)  # longer examples pad it
+    torch.testing.assert_close(padded[:1], alone, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loss_on_a_real_batch_goes_down(name: str, corpora):
+    model, dataset, examples = setup(name, corpora)
+    batch = dataset.collate(examples)
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        optimizer.zero_grad()
+        loss = model.loss(batch).loss
+        assert torch.isfinite(loss), name
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < losses[0], f"{name}: {losses}"
+
+
+@pytest.mark.parametrize("name", DETERMINISTIC)
+def test_save_load_through_the_stage_contract_and_the_evaluation_path(name, corpora, tmp_path):
+    model, dataset, examples = setup(name, corpora)
+    batch = dataset.collate(examples[:2])
+    task = registry.spec(name).task
+    path = save_model(
+        tmp_path / "model.pt", name, model.config.model_dump(mode="json"), task.value,
+        model.state_dict(),
+    )  # fmt: skip
+    loaded = load_model(path)
+    torch.testing.assert_close(per_example(loaded, batch, task), per_example(model, batch, task))
+    if task == TaskKind.GENERATE:
+        out = generate(loaded, batch, DecodeConfig(max_length=5))
+        assert out.tokens.shape[0] == 2 and out.tokens.shape[1] <= 5
+        assert torch.equal(out.tokens, generate(model, batch, DecodeConfig(max_length=5)).tokens)
+    elif task == TaskKind.SELECT:
+        assert loaded.score(batch).shape[0] == 2
+    else:
+        assert torch.isfinite(example_nll(loaded, batch).nll_sum).all()
