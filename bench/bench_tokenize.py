@@ -34,7 +34,8 @@ from pipeline.artifacts import TokenizeRecord
 from pipeline.config import GenerateParams, Task, load_params
 from pipeline.data import read_corpus
 from pipeline.data.dialogue import Dialogue
-from pipeline.data.examples import build_generate, encode_dialogues, vocab_texts
+from pipeline.data.encoding import encode_dialogues, vocab_texts
+from pipeline.data.examples import build_generate
 from pipeline.data.shards import ShardTable, write_manifest, write_shards
 from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, UNK_ID
 from pipeline.data.tokenize import tokenize_corpus

@@ -27,12 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+import numpy as np
 import pandas as pd
 import torch
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
+from pipeline.config import GenerateParams
 from pipeline.data.batch import GenerateBatch, History, LMBatch, SelectBatch
-from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID, SPEAKER_OTHER, SPEAKER_SELF
+from pipeline.data.history import text_histories
+from pipeline.data.loader import collate_history
+from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.data.vocab import Vocab
 from pipeline.models.base import TaskKind
 
@@ -62,43 +66,24 @@ def _utterance(vocab: Vocab, text: str, limit: int) -> list[int]:
 def encode_histories(
     histories: Sequence[Sequence[str]], vocab: Vocab, spec: ServingSpec
 ) -> History:
-    """Histories -> ``History``: the most recent ``max_utterances`` utterances, then the
-    oldest whole utterances dropped until at most ``max_history`` tokens remain (the most
-    recent utterance alone is cut from its start). The response speaker is "self", so the
-    last utterance is the other party's."""
-    rows: list[tuple[list[int], list[int], list[int], list[int]]] = []
-    for history in histories:
-        utts = [
-            _utterance(vocab, t, spec.max_history) for t in list(history)[-spec.max_utterances :]
-        ]
-        if not utts:
-            utts = [[BOS_ID, EOS_ID]]
-        while len(utts) > 1 and sum(map(len, utts)) > spec.max_history:
-            utts.pop(0)
-        utts[0] = utts[0][-spec.max_history :]
-        n = len(utts)
-        ids = [t for u in utts for t in u]
-        index = [i for i, u in enumerate(utts) for _ in u]
-        pos = [p for u in utts for p in range(len(u))]
-        speaker = [
-            SPEAKER_SELF if (n - i) % 2 == 0 else SPEAKER_OTHER
-            for i, u in enumerate(utts)
-            for _ in u
-        ]
-        rows.append((ids, index, pos, speaker))
-    length = max(len(r[0]) for r in rows)
-
-    def pad(k: int) -> torch.Tensor:
-        out = torch.zeros(len(rows), length, dtype=torch.long)
-        for b, row in enumerate(rows):
-            out[b, : len(row[k])] = torch.tensor(row[k], dtype=torch.long)
-        return out
-
-    ids = pad(0)
-    mask = torch.zeros_like(ids, dtype=torch.bool)
-    for b, row in enumerate(rows):
-        mask[b, : len(row[0])] = True
-    return History(ids, mask, pad(1), pad(2), pad(3))
+    """Histories -> ``History``, cut exactly as the training examples were
+    (``data.history.text_histories``: the most recent ``max_utterances`` utterances and
+    ``max_history`` tokens). The response speaker is "self", so the last utterance is the
+    other party's."""
+    encoded = [[np.asarray(vocab.encode(t), dtype=np.int32) for t in h] for h in histories]
+    limits = GenerateParams(
+        max_history=spec.max_history,
+        max_utterances=spec.max_utterances,
+        max_response=spec.max_response,
+    )
+    h = text_histories(encoded, limits)
+    rows = range(len(histories))
+    return collate_history(
+        [h.input_ids[i] for i in rows],
+        [h.utt_index[i] for i in rows],
+        [h.utt_pos[i] for i in rows],
+        [h.speaker[i] for i in rows],
+    )
 
 
 def _pad_rows(rows: Sequence[Sequence[int]]) -> torch.Tensor:

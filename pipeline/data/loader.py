@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipeline.artifacts import ACTS_FILE, VOCAB_FILE, TokenizeRecord
 from pipeline.config import Task
+from pipeline.data.acts import ActInventory
 from pipeline.data.batch import Batch, GenerateBatch, History, LMBatch, SelectBatch
-from pipeline.data.examples import (
+from pipeline.data.records import (
     N_KNOWLEDGE,
-    ActInventory,
     Example,
     GenerateExample,
     LMExample,
@@ -149,14 +149,29 @@ def _mask(lengths: Sequence[int], width: int) -> torch.Tensor:
     return torch.arange(width)[None, :] < torch.tensor(lengths, dtype=torch.long)[:, None]
 
 
-def _history(examples: Sequence[GenerateExample | SelectExample]) -> History:
-    ids = _pad([e.input_ids for e in examples])
+def collate_history(
+    input_ids: Sequence[np.ndarray],
+    utt_index: Sequence[np.ndarray],
+    utt_pos: Sequence[np.ndarray],
+    speaker: Sequence[np.ndarray],
+) -> History:
+    """Per-example history columns -> a right-padded ``History`` batch."""
+    ids = _pad(input_ids)
     return History(
         input_ids=ids,
-        input_mask=_mask([len(e.input_ids) for e in examples], ids.shape[1]),
-        utt_index=_pad([e.utt_index for e in examples]),
-        utt_pos=_pad([e.utt_pos for e in examples]),
-        speaker=_pad([e.speaker for e in examples]),
+        input_mask=_mask([len(row) for row in input_ids], ids.shape[1]),
+        utt_index=_pad(utt_index),
+        utt_pos=_pad(utt_pos),
+        speaker=_pad(speaker),
+    )
+
+
+def _history(examples: Sequence[GenerateExample | SelectExample]) -> History:
+    return collate_history(
+        [e.input_ids for e in examples],
+        [e.utt_index for e in examples],
+        [e.utt_pos for e in examples],
+        [e.speaker for e in examples],
     )
 
 

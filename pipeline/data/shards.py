@@ -40,7 +40,7 @@ import pyarrow as pa
 
 from pipeline.artifacts import MANIFEST_FILE, ShardFile, TokenizeRecord
 from pipeline.config import Task
-from pipeline.data.examples import (
+from pipeline.data.records import (
     Column,
     Example,
     ExampleTable,

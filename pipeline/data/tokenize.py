@@ -21,21 +21,13 @@ from pipeline.artifacts import (
     TokenizeRecord,
 )
 from pipeline.config import CorpusName, CorpusParams, Params, Task, TokenizeParams
+from pipeline.data.acts import ActInventory
 from pipeline.data.corpora import corpus_spec, read_corpus
 from pipeline.data.dialogue import Dialogue
-from pipeline.data.examples import (
-    TRAIN_SPLIT,
-    ActInventory,
-    EncodedDialogue,
-    EncodeOptions,
-    ExampleTable,
-    build_generate,
-    build_lm,
-    build_select,
-    encode_dialogues,
-    vocab_texts,
-)
+from pipeline.data.encoding import EncodedDialogue, EncodeOptions, encode_dialogues, vocab_texts
+from pipeline.data.examples import build_generate, build_lm, build_select
 from pipeline.data.formats import ParseStats, multiwoz
+from pipeline.data.records import ExampleTable
 from pipeline.data.shards import write_manifest, write_shards
 from pipeline.data.splits import Split
 from pipeline.data.vocab import build_vocab
@@ -67,7 +59,7 @@ def read_splits(
     )
     by_split: dict[str, list[Dialogue]] = {s.value: [] for s in Split}
     for d in dialogues:
-        part = by_split.setdefault(str(d.meta.get("split", TRAIN_SPLIT)), [])
+        part = by_split.setdefault(str(d.meta.get("split", Split.TRAIN)), [])
         if corpus.max_dialogues is None or len(part) < corpus.max_dialogues:
             part.append(d)
     return by_split
@@ -150,7 +142,7 @@ def tokenize_corpus(
     with bar:
         by_split = read_splits(name, raw, params, stats)
         bar.update(total=2 + len(by_split) * (1 + len(tasks)))
-        train = by_split.get(TRAIN_SPLIT, [])
+        train = by_split.get(Split.TRAIN, [])
         if not train:
             where = raw if raw is not None else name
             raise DataError(where, "no training dialogues: the vocabulary is built from train")

@@ -67,8 +67,9 @@ from pipeline.config import (
 )
 from pipeline.data.batch import History, LMBatch, SelectBatch
 from pipeline.data.corpora import corpus_spec
-from pipeline.data.examples import Example
 from pipeline.data.loader import ExampleDataset, load_vocab, open_split
+from pipeline.data.records import Example
+from pipeline.data.splits import Split
 from pipeline.data.vocab import Vocab
 from pipeline.errors import DataError
 from pipeline.eval import ranking, stats, text
@@ -76,8 +77,6 @@ from pipeline.eval.embeddings import load_vectors, train_word2vec
 from pipeline.eval.perplexity import example_nll, history_tokens, perplexity
 from pipeline.progress import Mode, Reporter
 
-TEST_SPLIT = "test"
-TRAIN_SPLIT = "train"
 RECALL_KS = (1, 10, 50)
 MLFLOW_PREFIX = "eval/"
 
@@ -139,7 +138,7 @@ def word_vectors(settings: EvaluateParams, shards: Path, vocab: Vocab) -> text.V
     w2v = settings.word2vec
     if w2v.vectors is not None:
         return load_vectors(w2v.vectors)
-    train = open_split(shards, Task.GENERATE, TRAIN_SPLIT)
+    train = open_split(shards, Task.GENERATE, Split.TRAIN)
     n = len(train) if w2v.max_sentences is None else min(len(train), w2v.max_sentences)
     sentences = [text.words(vocab.decode(train[i].target_ids)) for i in range(n)]
     return train_word2vec(
@@ -428,7 +427,7 @@ def _multiwoz_inputs(corpus_name: str, settings: EvalSettings, raw: Path) -> tup
     from pipeline.eval.multiwoz import MultiWozDB
 
     section = TokenizeParams(corpora={corpus_name: settings.corpus})
-    dialogues = read_splits(corpus_name, raw, section, ParseStats()).get(TEST_SPLIT, [])
+    dialogues = read_splits(corpus_name, raw, section, ParseStats()).get(Split.TEST, [])
     return dialogues, MultiWozDB.load(raw)
 
 
@@ -472,7 +471,7 @@ def evaluate_run(
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     vocab = load_vocab(shards)
-    dataset = open_split(shards, task.value, TEST_SPLIT)
+    dataset = open_split(shards, task.value, Split.TEST)
     vectors = multiwoz = None
     decodes = settings.evaluate.decodes_for(model_name)
     if task.value == Task.GENERATE:

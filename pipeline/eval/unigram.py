@@ -20,8 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.examples import Example, GenerateExample, LMExample
 from pipeline.data.loader import load_vocab, open_split
+from pipeline.data.records import Example, GenerateExample, LMExample
+from pipeline.data.splits import Split
 from pipeline.eval.evaluate import example_id
 
 
@@ -73,7 +74,9 @@ def unigram_score(shards: str | Path, task: str, ids: Iterable[str]) -> UnigramS
     """Fit on the ``train`` split of ``task`` in ``shards`` and score the ``test`` examples
     whose ids are ``ids`` (all test examples if ``ids`` is empty)."""
     vocab_size = len(load_vocab(shards))
-    model = Unigram.fit((scored_tokens(e) for e in open_split(shards, task, "train")), vocab_size)
+    model = Unigram.fit(
+        (scored_tokens(e) for e in open_split(shards, task, Split.TRAIN)), vocab_size
+    )
     wanted = set(ids)
     nll, tokens, examples = 0.0, 0, 0
     for example in open_split(shards, task, "test"):

@@ -19,6 +19,7 @@ from pipeline.artifacts import Layout
 from pipeline.config import Params, Task
 from pipeline.data.corpora import corpus_spec
 from pipeline.data.loader import load_vocab, open_split
+from pipeline.data.splits import Split
 from pipeline.models.unet import UNetConfig
 from pipeline.report import plots
 from pipeline.report.references import chance_references, unigram_references
@@ -40,7 +41,7 @@ VALID_LOSS_KEY = "valid_loss"  # what the train loop logs at each evaluation
 CURVES_FILE = Path("plots") / f"{VALID_LOSS_KEY}.csv"
 RUN_COLUMN = "run"
 UNET_FAMILY = ("unet", "unet_linear", "unet_per_layer_att", "transformer_skip_conv")
-MASK_SPLIT = "test"
+MASK_SPLIT = Split.TEST
 
 
 @dataclass(frozen=True)

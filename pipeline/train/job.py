@@ -19,12 +19,10 @@ from pipeline.artifacts import MANIFEST_FILE, TokenizeRecord
 from pipeline.config import RunParams
 from pipeline.data.batch import Batch
 from pipeline.data.loader import BatchLoader, open_split
+from pipeline.data.splits import Split
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import DataSizes, ModelConfig
-
-TRAIN_SPLIT = "train"
-VALID_SPLIT = "valid"
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,7 @@ class ShardData:
         per_rank = per_rank_batch(self.batch_size, world_size, "batch_size")
         eval_per_rank = max(1, self.eval_batch_size // world_size)
         train = BatchLoader(
-            open_split(self.root, self.task, TRAIN_SPLIT),
+            open_split(self.root, self.task, Split.TRAIN),
             per_rank,
             shuffle=True,
             seed=self.seed,
@@ -109,7 +107,7 @@ class ShardData:
             world_size=world_size,
         )
         valid = BatchLoader(
-            open_split(self.root, self.task, VALID_SPLIT),
+            open_split(self.root, self.task, Split.VALID),
             eval_per_rank,
             shuffle=False,
             seed=self.seed,

@@ -154,12 +154,12 @@ def sample_generations(
     import torch
 
     from pipeline.data.loader import BatchLoader, open_split
+    from pipeline.data.splits import Split
     from pipeline.decode import DecodeConfig, generate
-    from pipeline.train.job import VALID_SPLIT
 
     model = load_model(model_file)
     vocab = load_vocab(shards)
-    loader = BatchLoader(open_split(shards, task, VALID_SPLIT), n, shuffle=False, bucket=False)
+    loader = BatchLoader(open_split(shards, task, Split.VALID), n, shuffle=False, bucket=False)
     batch = next(iter(loader))
     with torch.no_grad():
         out = generate(model, batch, DecodeConfig(max_length=max_length))

@@ -9,26 +9,23 @@ import pytest
 
 from pipeline.config import GenerateParams, LMParams, SelectParams, VocabParams
 from pipeline.data import read_corpus
+from pipeline.data.acts import ActInventory, delexicalize, serialize_acts, serialize_belief
 from pipeline.data.dialogue import Dialogue, Turn
-from pipeline.data.examples import (
-    KNOWLEDGE_PRIOR,
-    KNOWLEDGE_SUGGESTED,
-    ActInventory,
+from pipeline.data.encoding import (
     EncodedDialogue,
     EncodeOptions,
-    ExampleTable,
-    GenerateExample,
-    build_generate,
-    build_lm,
-    build_select,
-    delexicalize,
     encode_dialogues,
-    examples_equal,
     knowledge_flags,
     profile_courses,
-    serialize_acts,
-    serialize_belief,
     vocab_texts,
+)
+from pipeline.data.examples import build_generate, build_lm, build_select
+from pipeline.data.records import (
+    KNOWLEDGE_PRIOR,
+    KNOWLEDGE_SUGGESTED,
+    ExampleTable,
+    GenerateExample,
+    examples_equal,
 )
 from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF
 from pipeline.data.vocab import build_vocab

@@ -16,13 +16,6 @@ from hypothesis import strategies as st
 from pipeline.artifacts import VOCAB_FILE
 from pipeline.config import Params, Task
 from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
-from pipeline.data.examples import (
-    KNOWLEDGE_PRIOR,
-    KNOWLEDGE_SUGGESTED,
-    GenerateExample,
-    LMExample,
-    SelectExample,
-)
 from pipeline.data.loader import (
     BatchLoader,
     collate,
@@ -30,6 +23,13 @@ from pipeline.data.loader import (
     open_split,
     plan_batches,
     read_manifest,
+)
+from pipeline.data.records import (
+    KNOWLEDGE_PRIOR,
+    KNOWLEDGE_SUGGESTED,
+    GenerateExample,
+    LMExample,
+    SelectExample,
 )
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.errors import DataError

@@ -11,17 +11,14 @@ from pipeline.artifacts import MANIFEST_FILE, TokenizeRecord
 from pipeline.config import GenerateParams, LMParams, SelectParams, Task, VocabParams
 from pipeline.data import shards
 from pipeline.data.dialogue import Dialogue, Turn
-from pipeline.data.examples import (
-    EncodedDialogue,
+from pipeline.data.encoding import EncodedDialogue, encode_dialogues, vocab_texts
+from pipeline.data.examples import build_lm, build_select
+from pipeline.data.records import (
     ExampleTable,
     GenerateExample,
     LMExample,
     SelectExample,
-    build_lm,
-    build_select,
-    encode_dialogues,
     examples_equal,
-    vocab_texts,
 )
 from pipeline.data.shards import (
     ShardTable,

@@ -9,11 +9,11 @@ import pytest
 
 from pipeline.artifacts import MANIFEST_FILE, SOURCES_FILE, DownloadRecord, VerifiedFile
 from pipeline.config import Params, Task, TokenizeParams
-from pipeline.data.examples import TRAIN_SPLIT
 from pipeline.data.formats import ParseStats
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.shards import read_manifest
 from pipeline.data.special import SPECIAL_TOKENS
+from pipeline.data.splits import Split
 from pipeline.data.tokenize import read_splits, tokenize_corpus
 from pipeline.data.vocab import word_tokenize
 from pipeline.errors import ConfigError, DataError
@@ -48,7 +48,7 @@ def test_chitchat_tokenizes_deterministically_with_a_train_only_vocab(tmp_path: 
     assert files_of(tmp_path / "a") == files_of(tmp_path / "b")  # same input, same bytes
 
     splits = read_splits("chitchat", None, params, ParseStats())
-    train = splits[TRAIN_SPLIT]
+    train = splits[Split.TRAIN]
     assert len(train) == 20 == len(splits["valid"]) == len(splits["test"])
     expected = sum(len([t for t in d.turns[1:] if t.text]) for d in train)
     assert manifest.counts["generate"]["train"] == expected == manifest.counts["select"]["train"]

@@ -284,7 +284,7 @@ def test_combined_and_all_scores(dialogues, db):
 def test_reference_responses_score_like_the_published_ground_truth(shared_data, db):
     """The delexicalised human responses, run through the evaluator, get high rates (the
     official evaluator gives ground truth roughly 90+ Inform / 85+ Success on 2.0 test)."""
-    from pipeline.data.examples import delexicalize
+    from pipeline.data.acts import delexicalize
 
     test = list(read_corpus("multiwoz", shared_data / "multiwoz" / "convlab1", "test"))
     responses = {

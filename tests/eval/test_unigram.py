@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.data.examples import GenerateExample, LMExample, SelectExample
+from pipeline.data.records import GenerateExample, LMExample, SelectExample
 from pipeline.eval.unigram import Unigram, UnigramScore, scored_tokens
 
 

@@ -1,0 +1,39 @@
+"""One history definition: what serving feeds a model is what training fed it."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from pipeline.config import GenerateParams, VocabParams
+from pipeline.data.corpora import read_corpus
+from pipeline.data.encoding import encode_dialogues, vocab_texts
+from pipeline.data.examples import build_generate
+from pipeline.data.vocab import build_vocab
+from pipeline.serving import ServingSpec, encode_histories
+
+
+@pytest.mark.parametrize(("max_history", "max_utterances"), [(150, 10), (23, 10), (40, 2)])
+def test_serving_encodes_a_dialogue_exactly_as_training_did(max_history, max_utterances):
+    """Every response turn of real chitchat dialogues: the history tokens, utterance
+    indices, positions and speakers serving builds from the texts equal the training
+    example's (cut mid-utterance by ``max_history``, or by ``max_utterances``)."""
+    dialogues = list(itertools.islice(read_corpus("chitchat"), 6))
+    vocab = build_vocab(vocab_texts(dialogues), VocabParams(size=500))
+    params = GenerateParams(max_history=max_history, max_utterances=max_utterances)
+    table = build_generate(encode_dialogues(dialogues, vocab), params)
+    spec = ServingSpec("generate", max_history=max_history, max_utterances=max_utterances)
+    by_id = {d.id: d for d in dialogues}
+    checked = 0
+    for i in range(len(table)):
+        example = table[i]
+        texts = [t.text for t in by_id[example.dialogue_id].turns[: example.turn]]
+        served = encode_histories([texts], vocab, spec)
+        n = int(served.input_mask[0].sum())
+        for column in ("input_ids", "utt_index", "utt_pos", "speaker"):
+            got = getattr(served, column)[0, :n].numpy()
+            np.testing.assert_array_equal(got, getattr(example, column), err_msg=column)
+        checked += 1
+    assert checked > 20
