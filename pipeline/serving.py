@@ -19,7 +19,6 @@ model (``code_paths``) so it loads where hiertx is not installed.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -38,6 +37,7 @@ from pipeline.data.history import text_histories
 from pipeline.data.loader import collate_history
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.data.vocab import Vocab
+from pipeline.eval.perplexity import perplexity_of
 from pipeline.models.base import TaskKind
 
 SPEC_FILE = "serving.json"
@@ -213,7 +213,7 @@ class HiertxModel(mlflow.pyfunc.PythonModel):
             batch = lm_batch(_column(records, "document"), self.vocab, self.spec)
             nll = (self.model.token_nll(batch) * batch.sentence_mask).sum(dim=(1, 2))
             n = batch.sentence_mask.sum(dim=(1, 2)).clamp(min=1)
-            return [math.exp(float(v)) for v in nll / n]
+            return [perplexity_of(float(v)) for v in nll / n]
 
     def _generate(self, histories: list[list[str]], params: dict[str, Any]) -> list[str]:
         from pipeline.decode import DecodeConfig, generate

@@ -316,12 +316,45 @@ def _stand_in(client: Any, fallback: str, experiment: str, key: str) -> tuple[st
     return ("", None) if twin is None else (str(twin.info.run_id), str(found.info.run_id))
 
 
+class NullTracker:
+    """Stands in for a :class:`Tracker` where tracking is off (``tracking.enabled: false``,
+    a Tune trial without a parent run, ranks other than 0): every call does nothing, so
+    callers log unconditionally. ``recording`` tells the two apart."""
+
+    recording = False
+    ref: RunRef | None = None
+    run_id: str | None = None
+    fell_back = False
+    sink: Callable[[], Tracker] | None = None
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Nothing to log to."""
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Nothing to tag."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Nothing to log to."""
+
+    def log_dict(self, value: dict[str, Any], artifact_file: str) -> None:
+        """Nothing to log to."""
+
+    def end_children(self, statuses: Mapping[str, str], default: str = "KILLED") -> int:
+        """No child runs: none ended."""
+        return 0
+
+    def end(self, status: str = "FINISHED") -> None:
+        """No run to end."""
+
+
 class Tracker:
     """Logs to one MLflow run; never lets a tracking failure stop training.
 
     Every call is journaled; on the first failure the tracker warns once, opens (or
     finds) the fallback run, replays the journal there and carries on there.
     """
+
+    recording = True
 
     def __init__(self, ref: RunRef, tags: Mapping[str, str] | None = None) -> None:
         self.ref = ref
@@ -381,6 +414,12 @@ class Tracker:
     @property
     def run_id(self) -> str:
         return self.ref.run_id
+
+    @property
+    def sink(self) -> Callable[[], Tracker]:
+        """What a training job logs its metrics through (picklable: Ray ships it to the
+        workers, where rank 0 attaches to this run)."""
+        return self.ref.attach
 
     # ----------------------------------------------------------------- core
 

@@ -369,3 +369,23 @@ def test_a_moved_project_store_keeps_its_artifacts_and_models_beside_it(tmp_path
         mlflow.set_tracking_uri(None)
     assert len(model.predict([{"history": ["hi there"]}])) == 1
     assert not first.exists()
+
+
+def test_the_null_tracker_answers_every_call_a_run_gets_where_tracking_is_off(tmp_path):
+    """Callers log unconditionally; with tracking off nothing is written anywhere."""
+    import inspect
+
+    null = tracking.NullTracker()
+    assert not null.recording and tracking.Tracker.recording
+    assert null.sink is None and null.ref is None and null.run_id is None
+    shared = ["log_params", "set_tags", "log_metrics", "log_dict", "end_children", "end"]
+    for name in shared:
+        ours, theirs = getattr(tracking.NullTracker, name), getattr(tracking.Tracker, name)
+        assert list(inspect.signature(ours).parameters) == list(
+            inspect.signature(theirs).parameters
+        ), name
+    null.log_params({"a": 1})
+    null.log_metrics({"loss": 1.0}, step=3)
+    assert null.end_children({"t": "FINISHED"}) == 0
+    null.end("FAILED")
+    assert list(tmp_path.iterdir()) == []

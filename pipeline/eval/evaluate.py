@@ -75,6 +75,7 @@ from pipeline.errors import DataError
 from pipeline.eval import ranking, stats, text
 from pipeline.eval.embeddings import load_vectors, train_word2vec
 from pipeline.eval.perplexity import example_nll, history_tokens, perplexity
+from pipeline.models.base import candidate_bce
 from pipeline.progress import Mode, Reporter
 
 RECALL_KS = (1, 10, 50)
@@ -342,11 +343,9 @@ def evaluate_select(
         for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches, bar):
             batch: SelectBatch = batch.to(device)
             real = batch.candidate_mask.any(-1)
-            scores = model.score(batch).float().masked_fill(~real, float("-inf"))
-            bce = nn.functional.binary_cross_entropy_with_logits(
-                scores.masked_fill(~real, 0.0), batch.labels, reduction="none"
-            )
-            per_example = (bce * real).sum(-1) / real.sum(-1).clamp(min=1)
+            logits = model.score(batch).float()
+            per_example = candidate_bce(logits, batch.labels, real)
+            scores = logits.masked_fill(~real, float("-inf"))
             rank = ranking.first_correct_ranks(scores, batch.labels).cpu()
             ranks.append(rank)
             got.ids += [example_id(e) for e in examples]

@@ -27,22 +27,30 @@ def _scalar(value: float | Tensor) -> float:
     return float(value.detach().double().sum()) if isinstance(value, Tensor) else float(value)
 
 
+def perplexity_of(mean_nll: float) -> float:
+    """``exp(mean_nll)``, the one perplexity of validation, test, tuning and the report.
+
+    A loss too large for a float gives ``inf`` and a NaN loss (a diverged run) gives NaN:
+    the report shows them as such, never as a capped number that looks like a result.
+    """
+    if math.isnan(mean_nll):
+        return math.nan
+    try:
+        return math.exp(mean_nll)
+    except OverflowError:
+        return math.inf
+
+
 def perplexity(nll_sum: float | Tensor, n_tokens: int | Tensor) -> float:
     """``exp(nll_sum / n_tokens)``: the exponentiated mean token negative log-likelihood.
 
     ``nll_sum`` is the summed NLL in nats over ``n_tokens`` counted target tokens (tensors
-    are summed first, so per-batch sums can be passed stacked). Returns ``inf`` when the
-    mean NLL is too large for a float.
+    are summed first, so per-batch sums can be passed stacked); see :func:`perplexity_of`.
     """
     total, count = _scalar(nll_sum), _scalar(n_tokens)
     if count <= 0:
         raise ValueError(f"n_tokens: perplexity needs at least one token, got {count:g}")
-    if not math.isfinite(total):
-        raise ValueError(f"nll_sum: must be finite, got {total}")
-    try:
-        return math.exp(total / count)
-    except OverflowError:
-        return math.inf
+    return perplexity_of(total / count)
 
 
 @dataclass

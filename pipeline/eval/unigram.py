@@ -24,6 +24,7 @@ from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.records import Example, GenerateExample, LMExample
 from pipeline.data.splits import Split
 from pipeline.eval.evaluate import example_id
+from pipeline.eval.perplexity import perplexity_of
 
 
 def scored_tokens(example: Example) -> np.ndarray:
@@ -67,7 +68,7 @@ class UnigramScore:
 
     @property
     def ppl(self) -> float:
-        return math.exp(self.loss) if self.n_tokens else math.nan
+        return perplexity_of(self.loss) if self.n_tokens else math.nan
 
 
 def unigram_score(shards: str | Path, task: str, ids: Iterable[str]) -> UnigramScore:

@@ -159,15 +159,31 @@ class SelectModel(nn.Module):
         raise NotImplementedError
 
     def loss(self, batch: SelectBatch) -> LossOutput:
-        logits = self.score(batch)
-        per_example = nn.functional.binary_cross_entropy_with_logits(
-            logits, batch.labels, reduction="none"
-        ).mean(-1)
-        return LossOutput(
-            loss=per_example.mean(),
-            nll_sum=per_example.sum().detach(),
-            n_tokens=torch.tensor(per_example.numel(), device=logits.device),
-        )
+        real = batch.candidate_mask.any(-1)
+        return example_loss(candidate_bce(self.score(batch), batch.labels, real))
+
+
+def candidate_bce(logits: Tensor, labels: Tensor, real: Tensor | None = None) -> Tensor:
+    """The selection task's loss, per example ``[B]``: binary cross-entropy of each REAL
+    candidate's logit against its label, averaged over the example's real candidates
+    (``real`` ``[B, N]``; None: all are). The one definition training, validation, test and
+    tuning use: the padded slots of an example with fewer candidates are no candidates."""
+    bce = nn.functional.binary_cross_entropy_with_logits(
+        logits.float(), labels.float(), reduction="none"
+    )
+    if real is None:
+        return bce.mean(-1)
+    return (bce * real).sum(-1) / real.sum(-1).clamp(min=1)
+
+
+def example_loss(per_example: Tensor) -> LossOutput:
+    """A select batch's ``LossOutput`` from its per-example losses ``[B]``: the mean is
+    back-propagated; ``nll_sum``/``n_tokens`` count examples (the evaluation unit)."""
+    return LossOutput(
+        loss=per_example.mean(),
+        nll_sum=per_example.sum().detach(),
+        n_tokens=torch.tensor(per_example.numel(), device=per_example.device),
+    )
 
 
 class LanguageModel(nn.Module):

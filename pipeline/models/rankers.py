@@ -258,10 +258,12 @@ class WithNoneCandidate(SelectModel):
 
     def loss(self, batch: SelectBatch) -> LossOutput:
         logits = self.model.score(batch)
+        real = batch.candidate_mask.any(-1)
         if self.loss_kind == RankingLoss.BCE:
-            return ranking_loss(logits, batch.labels, RankingLoss.BCE)
+            return ranking_loss(logits, batch.labels, RankingLoss.BCE, real=real)
+        with_none = torch.cat([real, real.new_ones(real.shape[0], 1)], -1)
         return ranking_loss(
-            append_none(logits), none_labels(batch.labels), RankingLoss.LSE, self.margin
+            append_none(logits), none_labels(batch.labels), RankingLoss.LSE, self.margin, with_none
         )
 
 

@@ -355,8 +355,10 @@ class VHRED(HRED):
     ``loss`` draws z from the posterior (its mean in eval mode, so validation numbers are
     deterministic); ``encode`` (generation) samples the prior. ``nll_sum``/``n_tokens``
     count the reconstruction NLL only; ``loss = (nll_sum + w * KL_sum) / n_tokens`` with
-    the annealing weight ``w``, whose step counter ``kl_step`` is a buffer (checkpointed)
-    advanced by every training-mode ``loss``.
+    the annealing weight ``w = min(1, step / kl_anneal_steps)``. The training loop owns the
+    schedule: it sets the step before every training forward (``on_train_step``, from its
+    checkpointed progress, so a resumed run continues the schedule exactly); ``loss`` only
+    reads it and changes no state.
     """
 
     config: VHREDConfig
@@ -377,6 +379,10 @@ class VHRED(HRED):
 
     def _cond_size(self) -> int:
         return self.config.d_context + self.config.d_latent
+
+    def on_train_step(self, step: int, epoch: int) -> None:
+        """The loop's step: where the KL annealing schedule stands."""
+        self.kl_step.fill_(step)
 
     def kl_weight(self) -> Tensor:
         """Current KL annealing weight ``min(1, kl_step / kl_anneal_steps)``."""
@@ -400,9 +406,6 @@ class VHRED(HRED):
         logits, _ = self.decoder(batch.target_ids[:, :-1], cond, None)
         rec = token_loss(logits, batch.target_ids[:, 1:], batch.target_mask[:, 1:])
         weight = self.kl_weight()
-        if self.training:
-            with torch.no_grad():
-                self.kl_step += 1
         n = rec.n_tokens.clamp(min=1)
         return LossOutput(
             loss=rec.loss + weight * kl.sum() / n,

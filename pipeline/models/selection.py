@@ -38,6 +38,8 @@ from pipeline.models.base import (
     LossOutput,
     ModelConfig,
     SelectModel,
+    candidate_bce,
+    example_loss,
 )
 from pipeline.models.layers import (
     EncoderLayer,
@@ -74,38 +76,39 @@ class SelectConfig(ModelConfig):
     d_embed: int = Field(300, ge=1)  # FastText vectors in the paper
 
 
-def lse_ranking_loss(logits: Tensor, labels: Tensor, margin: float = 0.0) -> Tensor:
-    """Per-example ``max(0, LSE{s_j : y_j=0} + LSE{-s_j : y_j=1} + margin)``, ``[B]``.
+def lse_ranking_loss(
+    logits: Tensor, labels: Tensor, margin: float = 0.0, real: Tensor | None = None
+) -> Tensor:
+    """Per-example ``max(0, LSE{s_j : y_j=0} + LSE{-s_j : y_j=1} + margin)``, ``[B]``, over
+    the real candidates (``real``; None: all).
 
     A smooth version of "the worst positive must beat the best negative by ``margin``".
     Rows without a positive or without a negative have nothing to rank and give 0.
     """
     positive = labels.bool()
+    negative = ~positive if real is None else ~positive & real.bool()
     neg_inf = torch.finfo(logits.dtype).min
-    valid = positive.any(-1) & (~positive).any(-1)
+    valid = positive.any(-1) & negative.any(-1)
     # Invalid rows are computed on zeros so that no all--inf logsumexp (NaN gradient)
     # appears; `where` then discards them.
     pos = torch.where(valid[:, None], (-logits).masked_fill(~positive, neg_inf), 0.0)
-    neg = torch.where(valid[:, None], logits.masked_fill(positive, neg_inf), 0.0)
+    neg = torch.where(valid[:, None], logits.masked_fill(~negative, neg_inf), 0.0)
     loss = (neg.logsumexp(-1) + pos.logsumexp(-1) + margin).clamp(min=0)
     return torch.where(valid, loss, torch.zeros_like(loss))
 
 
 def ranking_loss(
-    logits: Tensor, labels: Tensor, kind: RankingLoss = RankingLoss.BCE, margin: float = 0.0
+    logits: Tensor,
+    labels: Tensor,
+    kind: RankingLoss = RankingLoss.BCE,
+    margin: float = 0.0,
+    real: Tensor | None = None,
 ) -> LossOutput:
-    """Mean per-example loss over the batch (BCE is averaged over candidates first)."""
+    """Mean per-example loss over the batch, over each example's ``real`` candidates
+    (:func:`candidate_bce`, or :func:`lse_ranking_loss`)."""
     if kind == RankingLoss.LSE:
-        per_example = lse_ranking_loss(logits.float(), labels, margin)
-    else:
-        per_example = nn.functional.binary_cross_entropy_with_logits(
-            logits.float(), labels.float(), reduction="none"
-        ).mean(-1)
-    return LossOutput(
-        loss=per_example.mean(),
-        nll_sum=per_example.sum().detach(),
-        n_tokens=torch.tensor(per_example.numel(), device=logits.device),
-    )
+        return example_loss(lse_ranking_loss(logits.float(), labels, margin, real))
+    return example_loss(candidate_bce(logits, labels, real))
 
 
 class RankingModel(SelectModel):
@@ -114,7 +117,10 @@ class RankingModel(SelectModel):
     config: SelectConfig
 
     def loss(self, batch: SelectBatch) -> LossOutput:
-        return ranking_loss(self.score(batch), batch.labels, self.config.loss, self.config.margin)
+        real = batch.candidate_mask.any(-1)
+        return ranking_loss(
+            self.score(batch), batch.labels, self.config.loss, self.config.margin, real
+        )
 
 
 # --------------------------------------------------------------------------- batch layout

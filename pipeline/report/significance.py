@@ -26,7 +26,6 @@ per-seed scores (``p_seeds``); a difference within seed-to-seed variation (``p_s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ from scipy import stats as scipy_stats
 from pipeline.artifacts import ExampleResult
 from pipeline.eval import text
 from pipeline.eval.evaluate import decode_label
+from pipeline.eval.perplexity import perplexity_of
 from pipeline.eval.stats import paired_bootstrap
 from pipeline.report.results import RunResult
 
@@ -89,7 +89,7 @@ def _ppl_rows(rows: list[ExampleResult]) -> np.ndarray:
 
 
 def _neg_ppl(stats: np.ndarray, _refs: object = None) -> float:
-    return -math.exp(stats[:, 0].sum() / stats[:, 1].sum())
+    return -perplexity_of(stats[:, 0].sum() / stats[:, 1].sum())
 
 
 def _mean(stats: np.ndarray, _refs: object = None) -> float:

@@ -40,8 +40,10 @@ from torch import Tensor, nn
 
 from pipeline.config import Precision, RunParams
 from pipeline.data.batch import Batch
+from pipeline.eval.perplexity import perplexity_of
 from pipeline.models.base import LossOutput, TaskKind
 from pipeline.progress import Mode, Reporter
+from pipeline.tracking import NullTracker
 from pipeline.train.checkpoint import (
     CHECKPOINT_FILE,
     Progress,
@@ -78,7 +80,10 @@ class DataFactory(Protocol):
 
 
 class MetricSink(Protocol):
-    """Where rank 0's metrics go (``tracking.Tracker``)."""
+    """Where rank 0's metrics go (``tracking.Tracker``; ``tracking.NullTracker`` where
+    nothing is recorded)."""
+
+    recording: bool
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
 
@@ -146,7 +151,7 @@ class EvalResult:
     def metrics(self, task: TaskKind) -> dict[str, float]:
         out = {"valid_loss": self.loss}
         if task != TaskKind.SELECT:
-            out["valid_ppl"] = math.exp(min(self.loss, 50.0))
+            out["valid_ppl"] = perplexity_of(self.loss)
         return out
 
 
@@ -213,7 +218,8 @@ class _Run:
         self.best_state: dict[str, Tensor] | None = None
         self.last_eval: dict[str, float] = {}
         self.dtype = autocast_dtype(self.p.precision, ctx.device)
-        self.sink = job.sink() if (job.sink is not None and ctx.rank == 0) else None
+        # only rank 0 logs
+        self.sink = job.sink() if (job.sink is not None and ctx.rank == 0) else NullTracker()
         self._window = _Window()
         self.bar = Reporter(job.label or f"train {job.name}", show=False)  # run() replaces it
         self._loss_info = ""  # the last logged train loss, as progress shows it
@@ -295,12 +301,11 @@ class _Run:
         prog.step += 1
         prog.batch_in_epoch += 1
         # Only rank 0 logs: other ranks skip the accumulation and its kernels altogether.
-        if self.sink is not None or self.bar.mode != Mode.OFF:
+        if self.sink.recording or self.bar.mode != Mode.OFF:
             self._window.add(out, grad_norm, lr, batch.batch_size)
             if prog.step % p.log_every == 0:
                 metrics = self._window.flush(self.task)
-                if self.sink is not None:
-                    self.sink.log_metrics(metrics, prog.step)
+                self.sink.log_metrics(metrics, prog.step)
                 self._loss_info = f"loss {metrics['train_loss']:.4g}"
                 self._show_info()
 
@@ -335,8 +340,7 @@ class _Run:
         best = "best" if improved else f"best {prog.best_loss:.4g} at step {prog.best_step}"
         self.bar.note(f"step {prog.step}, valid loss {result.loss:.4g} ({best})")
         self.last_eval["best_valid_loss"] = prog.best_loss
-        if self.sink is not None:
-            self.sink.log_metrics({**self.last_eval, "epoch": float(prog.epoch)}, prog.step)
+        self.sink.log_metrics({**self.last_eval, "epoch": float(prog.epoch)}, prog.step)
         if self.p.patience is not None and prog.bad_evals >= self.p.patience:
             self.stop("early_stopping")
 
@@ -428,7 +432,7 @@ def final_metrics(progress: Progress, task: TaskKind | str) -> dict[str, float]:
         "epochs": float(progress.epoch),
     }
     if TaskKind(task) != TaskKind.SELECT:
-        out["best_valid_ppl"] = math.exp(min(progress.best_loss, 50.0))
+        out["best_valid_ppl"] = perplexity_of(progress.best_loss)
     return out
 
 
@@ -540,7 +544,7 @@ class _Window:
             "tokens_per_s": tokens / seconds,
         }
         if task != TaskKind.SELECT:
-            out["train_ppl"] = math.exp(min(nll, 50.0))
+            out["train_ppl"] = perplexity_of(nll)
         if grad_norm is not None:
             out["grad_norm"] = grad_norm
         out.update({f"train_{k}": v / self.steps for k, v in zip(self.names, terms, strict=True)})

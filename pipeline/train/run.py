@@ -104,12 +104,12 @@ def plan_train(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
 
 def _start_tracker(
     params: Params, plan: Plan, layout: Layout, name: str, stage: str, resumes: bool
-) -> tracking.Tracker | None:
+) -> tracking.Tracker | tracking.NullTracker:
     """The stage's MLflow run. ``resumes``: the training (or search) goes on from a
     checkpoint of an earlier run of ``name``, finished or not, so that run, which holds the
     history before the checkpoint, goes on; otherwise a fresh run logs the whole history."""
     if not params.tracking.enabled:
-        return None
+        return tracking.NullTracker()
     root = layout.root
     shards = layout.relative(layout.shards(plan.corpus))
     inputs = tracking.dvc_input_hashes(root, [shards])
@@ -204,15 +204,14 @@ def train_run(
     resumes = has_checkpoint(name, scale, storage)
     tracker = _start_tracker(params, plan, layout, name, "train", resumes)
     try:
-        if tracker is not None:
-            tracker.log_params(
-                {
-                    "train": plan.params.model_dump(mode="json"),
-                    "model_config": plan.config,
-                    "scale": scale.model_dump(mode="json"),
-                    "tuned": plan.tuned_from is not None,
-                }
-            )
+        tracker.log_params(
+            {
+                "train": plan.params.model_dump(mode="json"),
+                "model_config": plan.config,
+                "scale": scale.model_dump(mode="json"),
+                "tuned": plan.tuned_from is not None,
+            }
+        )
         job = TrainJob(
             name=name,
             model_name=model,
@@ -220,7 +219,7 @@ def train_run(
             data=shard_data(shards, plan.task.value, plan.params),
             params=plan.params,
             run_dir=storage,
-            sink=tracker.ref.attach if tracker is not None else None,
+            sink=tracker.sink,
             show_progress=show_progress,
             label=f"train {run_key(model, corpus)} (seed {plan.params.seed})",
         )
@@ -229,12 +228,11 @@ def train_run(
             model_file = layout.train_out(run_key(model, corpus)) / MODEL_FILE
         _export(result.load(), result.metrics, name, model_file)
         mlflow = None
-        if tracker is not None:
+        if isinstance(tracker, tracking.Tracker):
             mlflow = _track_final(params, plan, layout, tracker, model_file, result)
-            tracker.end()
+        tracker.end()
     except BaseException:
-        if tracker is not None:
-            tracker.end("FAILED")
+        tracker.end("FAILED")
         raise
     return TrainedSeed(
         seed=plan.params.seed,
@@ -354,14 +352,13 @@ def tune_run(
     storage = storage_path(scale, layout.root)
     parent = _start_tracker(params, plan, layout, name, "tune", search_exists(name, storage))
     try:
-        if parent is not None:
-            parent.log_params(
-                {
-                    "train": plan.params.model_dump(mode="json"),
-                    "tune": search_knobs,
-                    "space": space.model_dump(mode="json"),
-                }
-            )
+        parent.log_params(
+            {
+                "train": plan.params.model_dump(mode="json"),
+                "tune": search_knobs,
+                "space": space.model_dump(mode="json"),
+            }
+        )
         setup = TrialSetup(
             model_name=model,
             model_factory=ConfiguredModel(plan.sizes, f"tune.spaces.{model}"),
@@ -370,7 +367,7 @@ def tune_run(
             tune=tune_params,
             scale=scale,
             storage=storage,
-            parent=parent.ref if parent is not None else None,
+            parent=parent.ref,
             tags={
                 tracking.TAG_MODEL: model,
                 tracking.TAG_CORPUS: corpus,
@@ -383,18 +380,16 @@ def tune_run(
             model=model,
             corpus=corpus,
             search=name,
-            parent_run_id=parent.run_id if parent is not None else None,
+            parent_run_id=parent.run_id,
         )
-        if parent is not None:
-            # Ray's verdict: a trial it reports completed is FINISHED, one that errored (or
-            # never reported) FAILED
-            parent.end_children(result.trial_status, default="FAILED")
-            parent.log_metrics({"best_valid_loss": result.valid_loss}, step=0)
-            parent.log_dict(best.model_dump(mode="json"), BEST_FILE)
-            parent.end()
+        # Ray's verdict: a trial it reports completed is FINISHED, one that errored (or
+        # never reported) FAILED
+        parent.end_children(result.trial_status, default="FAILED")
+        parent.log_metrics({"best_valid_loss": result.valid_loss}, step=0)
+        parent.log_dict(best.model_dump(mode="json"), BEST_FILE)
+        parent.end()
     except BaseException:
-        if parent is not None:
-            parent.end("FAILED")
+        parent.end("FAILED")
         raise
     best.write(layout.tune_out(run_key(model, corpus)) / BEST_FILE)
     return best

@@ -28,7 +28,7 @@ from pipeline.config import (
     TuneParams,
 )
 from pipeline.errors import ConfigError
-from pipeline.tracking import TAG_TRIAL, RunRef, Tracker
+from pipeline.tracking import TAG_TRIAL, NullTracker, RunRef, Tracker
 from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from pipeline.train.distributed import report_with_checkpoint, trainer
 from pipeline.train.loop import DataFactory, TrainJob, train_worker
@@ -143,7 +143,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
 
     trial_id = tune.get_context().get_trial_id()
     params = trial_params(setup.base, setup.tune, config)
-    tracker = None
+    tracker: Tracker | NullTracker = NullTracker()
     if setup.parent is not None:
         p = setup.parent
         tracker = Tracker.start(
@@ -160,9 +160,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
         model = setup.model_factory(setup.model_name, params)
     except ConfigError as err:
         # an invalid combination (e.g. heads not dividing the width): worst possible score
-        if tracker is not None:
-            tracker.set_tags({"hiertx.invalid_config": str(err)})
-            tracker.end("FAILED")
+        tracker.set_tags({"hiertx.invalid_config": str(err)})
+        tracker.end("FAILED")
         tune.report({METRIC: math.inf, "invalid": 1.0})
         return
     job = TrainJob(
@@ -172,7 +171,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
         data=setup.data,
         params=params,
         run_dir=setup.storage,
-        sink=tracker.ref.attach if tracker is not None else None,
+        sink=tracker.sink,
         show_progress=False,
     )
     try:
@@ -187,19 +186,15 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
     except SystemExit as stop:
         # Tune stops a trial it is done with (ASHA, the last epoch) by exiting its thread
         # right after a report: the trial completed
-        if tracker is not None:
-            tracker.end("FINISHED" if stop.code in (0, None) else "FAILED")
+        tracker.end("FINISHED" if stop.code in (0, None) else "FAILED")
         raise
     except Exception:
-        if tracker is not None:
-            tracker.end("FAILED")
+        tracker.end("FAILED")
         raise
     except BaseException:  # interrupted (Ctrl-C)
-        if tracker is not None:
-            tracker.end("KILLED")
+        tracker.end("KILLED")
         raise
-    if tracker is not None:
-        tracker.end()
+    tracker.end()
 
 
 # --------------------------------------------------------------------------- search

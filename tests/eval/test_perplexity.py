@@ -16,9 +16,16 @@ from pipeline.eval.perplexity import (
     history_tokens,
     history_utterances,
     perplexity,
+    perplexity_of,
     token_nll,
 )
-from pipeline.models.base import LanguageModel, SelectModel, Seq2SeqModel, select_batch_dim
+from pipeline.models.base import (
+    LanguageModel,
+    SelectModel,
+    Seq2SeqModel,
+    TaskKind,
+    select_batch_dim,
+)
 from tests.batches import make_history, random_generate_batch
 
 V = 50
@@ -67,11 +74,20 @@ def test_perplexity_is_exp_of_mean_nll():
     assert perplexity(1e6, 1) == math.inf
 
 
-def test_perplexity_rejects_bad_input():
+def test_perplexity_rejects_no_tokens_and_reports_divergence_as_such():
     with pytest.raises(ValueError, match="n_tokens"):
         perplexity(1.0, 0)
-    with pytest.raises(ValueError, match="finite"):
-        perplexity(float("nan"), 3)
+    # a diverged run: NaN and inf as such, never a capped exp(50) that looks like a number
+    assert math.isnan(perplexity(float("nan"), 3))
+    assert perplexity(float("inf"), 3) == math.inf
+    assert perplexity_of(60.0) == pytest.approx(math.exp(60.0))  # no cap at exp(50)
+    assert perplexity_of(1e6) == math.inf and math.isnan(perplexity_of(math.nan))
+
+
+def test_validation_reports_the_same_perplexity_function():
+    from pipeline.train.loop import EvalResult
+
+    assert EvalResult(60.0, 10).metrics(TaskKind.GENERATE)["valid_ppl"] == perplexity_of(60.0)
 
 
 def test_meter_pools_tokens_not_batches():

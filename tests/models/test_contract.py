@@ -177,3 +177,40 @@ def test_save_load_through_the_stage_contract_and_the_evaluation_path(name, corp
         assert loaded.score(batch).shape[0] == 2
     else:
         assert torch.isfinite(example_nll(loaded, batch).nll_sum).all()
+
+
+# --------------------------------------------------------------------------- the task losses
+
+
+# with_none scores a NONE column too; its BCE is its inner model's (tests/models/test_rankers.py)
+@pytest.mark.parametrize(
+    "name", [n for n in NAMES if registry.spec(n).task == TaskKind.SELECT and n != "with_none"]
+)
+def test_select_loss_is_bce_over_the_real_candidates_only(name: str, corpora):
+    """Validation (``loss``) and test (``evaluate_select``) use one BCE: an example with
+    fewer candidates than the batch's widest is scored on its own candidates, never on the
+    padded slots (validation once averaged over those too)."""
+    import dataclasses
+
+    from pipeline.models.base import candidate_bce
+
+    model, dataset, examples = setup(name, corpora)
+    batch = dataset.collate(examples)
+    mask = batch.candidate_mask.clone()
+    mask[0, -1] = False  # the first example has one candidate fewer: its last slot is padding
+    padded = dataclasses.replace(
+        batch,
+        candidate_ids=batch.candidate_ids.masked_fill(~mask, 0),
+        candidate_mask=mask,
+        labels=batch.labels.masked_fill(~mask.any(-1), 0.0),
+    )
+    with torch.no_grad():
+        logits = model.score(padded)
+        real = padded.candidate_mask.any(-1)
+        out = model.loss(padded)
+    expected = candidate_bce(logits, padded.labels, real)
+    by_hand = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits[0, :-1], padded.labels[0, :-1]
+    )
+    torch.testing.assert_close(expected[0], by_hand)
+    torch.testing.assert_close(out.nll_sum, expected.sum())

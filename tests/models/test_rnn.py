@@ -195,16 +195,22 @@ def test_kl_non_negative_and_annealing(name: str) -> None:
     assert isinstance(model, VHRED)
     batch = random_generate_batch(3, VOCAB)
     weights = []
-    for _ in range(6):
+    for step in range(6):
+        model.on_train_step(step, epoch=0)  # what the training loop calls before a forward
         out = model.loss(batch)
         assert out.terms["kl"] >= 0
         expected = out.terms["nll"] + out.terms["kl_weight"] * out.terms["kl"] * 3 / out.n_tokens
         assert torch.allclose(out.loss.detach(), expected, atol=1e-5)
         weights.append(round(float(out.terms["kl_weight"]), 4))
     assert weights == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    # loss() is pure: calling it again changes no state and gives the same value
+    torch.manual_seed(1)
+    again = model.loss(batch).loss
+    torch.manual_seed(1)
+    assert torch.equal(model.loss(batch).loss, again) and int(model.kl_step) == 5
     model.eval()
     model.loss(batch)
-    assert int(model.kl_step) == 6  # evaluation does not advance the schedule
+    assert int(model.kl_step) == 5  # evaluation does not advance the schedule
     # The step counter is checkpointed with the weights.
     fresh = small(name, kl_anneal_steps=4)
     fresh.load_state_dict(model.state_dict())

@@ -53,6 +53,7 @@ class ListSink:
 
     log: list
     fail_at: int | None = None
+    recording = True
 
     def __call__(self):
         return self
