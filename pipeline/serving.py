@@ -31,14 +31,13 @@ import pandas as pd
 import torch
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
-from pipeline.config import GenerateParams
+from pipeline.config import GenerateParams, Task
 from pipeline.data.batch import GenerateBatch, History, LMBatch, SelectBatch
 from pipeline.data.history import text_histories
 from pipeline.data.loader import collate_history
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.data.vocab import Vocab
 from pipeline.eval.perplexity import perplexity_of
-from pipeline.models.base import TaskKind
 
 SPEC_FILE = "serving.json"
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -194,11 +193,11 @@ class HiertxModel(mlflow.pyfunc.PythonModel):
         records = _records(model_input)
         if not records:
             return []
-        task = TaskKind(self.spec.task)
+        task = Task(self.spec.task)
         with torch.no_grad():
-            if task == TaskKind.GENERATE:
+            if task == Task.GENERATE:
                 return self._generate(_column(records, "history"), params or {})
-            if task == TaskKind.SELECT:
+            if task == Task.SELECT:
                 batch = select_batch(
                     _column(records, "history"),
                     _column(records, "candidates"),
@@ -257,8 +256,8 @@ def model_signature(spec: ServingSpec) -> Any:
     from pipeline.decode import DecodeConfig
 
     texts = Array(DataType.string)
-    task = TaskKind(spec.task)
-    if task == TaskKind.GENERATE:
+    task = Task(spec.task)
+    if task == Task.GENERATE:
         defaults = {"max_length": spec.max_response}
         params = ParamSchema(
             [
@@ -269,7 +268,7 @@ def model_signature(spec: ServingSpec) -> Any:
         return ModelSignature(
             Schema([ColSpec(texts, "history")]), Schema([ColSpec(DataType.string)]), params
         )
-    if task == TaskKind.SELECT:
+    if task == Task.SELECT:
         return ModelSignature(
             Schema([ColSpec(texts, "history"), ColSpec(texts, "candidates")]),
             Schema([ColSpec(Array(DataType.double))]),
@@ -279,10 +278,10 @@ def model_signature(spec: ServingSpec) -> Any:
 
 def input_example(spec: ServingSpec) -> pd.DataFrame:
     """One request of the model's task (shown on the model's page in MLflow)."""
-    task = TaskKind(spec.task)
-    if task == TaskKind.GENERATE:
+    task = Task(spec.task)
+    if task == Task.GENERATE:
         return pd.DataFrame({"history": [EXAMPLE_HISTORY]})
-    if task == TaskKind.SELECT:
+    if task == Task.SELECT:
         candidates = ["i am fine too", "the train leaves at five"]
         return pd.DataFrame({"history": [EXAMPLE_HISTORY], "candidates": [candidates]})
     return pd.DataFrame({"document": [EXAMPLE_HISTORY]})

@@ -278,3 +278,44 @@ def test_valid_change_reruns_only_check_and_outputs_never_share_the_cache(
     for obj in objects:
         name = obj.parent.name + obj.name.removesuffix(".dir")
         assert hashlib.md5(obj.read_bytes()).hexdigest() == name, obj
+
+
+def _imported_modules(path: Path) -> set[Path]:
+    """The ``pipeline`` modules a file imports (at the top or inside functions)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            if name.split(".")[0] != "pipeline":
+                continue
+            base = REPO / Path(*name.split("."))
+            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+                if candidate.is_file():
+                    found.add(candidate)
+    return found
+
+
+def _runs(script: Path) -> set[Path]:
+    seen: set[Path] = set()
+    todo = [script]
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo += _imported_modules(path)
+    return seen
+
+
+@pytest.mark.parametrize(("name", "item", "stage"), INSTANCES)
+def test_a_stage_using_the_stage_contract_depends_on_it(name, item, stage) -> None:
+    """A stage that reads or writes a record of ``pipeline/artifacts.py`` re-runs when the
+    record's format changes (its outputs, or how it reads its inputs, change with it)."""
+    script = REPO / f"{stage_module(name).replace('.', '/')}.py"
+    if REPO / "pipeline" / "artifacts.py" in _runs(script):
+        assert "pipeline/artifacts.py" in stage["deps"], name

@@ -8,7 +8,6 @@ Every model returns a ``LossOutput`` from ``loss(batch)`` so one training loop f
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -16,13 +15,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor, nn
 
+from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
-
-
-class TaskKind(enum.StrEnum):
-    GENERATE = "generate"
-    SELECT = "select"
-    LM = "lm"
 
 
 @dataclass(frozen=True)
@@ -121,7 +115,7 @@ class Seq2SeqModel(nn.Module):
     tree whose tensors are batch-first (reordered with ``select_batch_dim``).
     """
 
-    task = TaskKind.GENERATE
+    task = Task.GENERATE
     config: ModelConfig
 
     def encode(self, batch: GenerateBatch) -> object:
@@ -152,7 +146,7 @@ class Seq2SeqModel(nn.Module):
 class SelectModel(nn.Module):
     """Scores candidates for a context: ``score(batch) -> [B, N]`` logits."""
 
-    task = TaskKind.SELECT
+    task = Task.SELECT
     config: ModelConfig
 
     def score(self, batch: SelectBatch) -> Tensor:
@@ -190,7 +184,7 @@ class LanguageModel(nn.Module):
     """Scores documents; ``token_nll(batch)`` gives ``[B, S, Ls]`` NLL of each sentence token
     (0 at padding) so flat and hierarchical models are compared on the same tokens."""
 
-    task = TaskKind.LM
+    task = Task.LM
     config: ModelConfig
 
     def token_nll(self, batch: LMBatch) -> Tensor:

@@ -19,14 +19,10 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
+from pipeline.config import Task
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import BOS_ID, PAD_ID
-from pipeline.models.base import (
-    AttentionModelConfig,
-    LanguageModel,
-    TaskKind,
-    masked_token_nll,
-)
+from pipeline.models.base import AttentionModelConfig, LanguageModel, masked_token_nll
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.registry import register
 from pipeline.models.stack import Stack, extent, scatter_rows
@@ -48,8 +44,8 @@ class GPTConfig(AttentionModelConfig):
         return self
 
 
-@register("gpt", TaskKind.LM, GPTConfig)
-@register("congruent_gpt", TaskKind.LM, GPTConfig, congruent=True)
+@register("gpt", Task.LM, GPTConfig)
+@register("congruent_gpt", Task.LM, GPTConfig, congruent=True)
 class GPT(LanguageModel):
     """Decoder-only Transformer LM with tied input/output embeddings."""
 

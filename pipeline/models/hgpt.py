@@ -35,14 +35,10 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
+from pipeline.config import Task
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import (
-    AttentionModelConfig,
-    LanguageModel,
-    TaskKind,
-    masked_token_nll,
-)
+from pipeline.models.base import AttentionModelConfig, LanguageModel, masked_token_nll
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.registry import register
 from pipeline.models.stack import Stack, extent, scatter_rows
@@ -90,8 +86,8 @@ def _project(d_in: int, d_out: int) -> nn.Module:
     return nn.Identity() if d_in == d_out else nn.Linear(d_in, d_out)
 
 
-@register("hgpt", TaskKind.LM, HGPTConfig)
-@register("congruent_hgpt", TaskKind.LM, HGPTConfig, congruent=True)
+@register("hgpt", Task.LM, HGPTConfig)
+@register("congruent_hgpt", Task.LM, HGPTConfig, congruent=True)
 class HierarchicalGPT(LanguageModel):
     """Sentence encoder -> document GPT -> sentence decoder GPT (module docstring)."""
 

@@ -36,16 +36,11 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 
+from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.models import masks
-from pipeline.models.base import (
-    AttentionModelConfig,
-    LossOutput,
-    Seq2SeqModel,
-    TaskKind,
-    token_loss,
-)
+from pipeline.models.base import AttentionModelConfig, LossOutput, Seq2SeqModel, token_loss
 from pipeline.models.layers import (
     Decoder,
     DecoderCache,
@@ -462,7 +457,7 @@ class HierJoint(HierTransformer):
 
 
 def _register(name: str, config_cls: type[HierConfig], cls: type, **preset: Any) -> None:
-    register(name, TaskKind.GENERATE, config_cls, **preset)(cls)
+    register(name, Task.GENERATE, config_cls, **preset)(cls)
 
 
 _register("hier", HierConfig, HierTransformer)

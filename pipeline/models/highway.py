@@ -18,10 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from pipeline.config import Task
 from pipeline.data.batch import History, SelectBatch
-from pipeline.models.base import (
-    TaskKind,
-)
 from pipeline.models.registry import register
 from pipeline.models.selection import (
     HighwayAttention,
@@ -45,8 +43,8 @@ class HRTConfig(TransformerSelectConfig):
     shared_highway: bool = True
 
 
-@register("hrt_last", TaskKind.SELECT, HRTConfig, all_states=False)
-@register("hrt_all", TaskKind.SELECT, HRTConfig, all_states=True)
+@register("hrt_last", Task.SELECT, HRTConfig, all_states=False)
+@register("hrt_all", Task.SELECT, HRTConfig, all_states=True)
 class HighwayRecurrentTransformer(RankingModel):
     """Highway Recurrent Transformer (HRT-Last / HRT-All)."""
 

@@ -23,8 +23,9 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
+from pipeline.config import Task
 from pipeline.data.batch import SelectBatch
-from pipeline.models.base import LossOutput, ModelConfig, SelectModel, TaskKind
+from pipeline.models.base import LossOutput, ModelConfig, SelectModel
 from pipeline.models.registry import register
 from pipeline.models.selection import (
     FeatureEmbedding,
@@ -118,7 +119,7 @@ class _LSTMRanker(RankingModel):
         return run_lstm(self.lstm, x, lengths).view(b, n, -1)
 
 
-@register("dual_lstm", TaskKind.SELECT, LSTMRankerConfig)
+@register("dual_lstm", Task.SELECT, LSTMRankerConfig)
 class DualLSTM(_LSTMRanker):
     """Lowe et al. (2015) dual encoder over the flat context."""
 
@@ -130,7 +131,7 @@ class DualLSTM(_LSTMRanker):
         return self.bilinear(context, self.encode_candidates(batch))
 
 
-@register("hier_lstm", TaskKind.SELECT, HierLSTMConfig)
+@register("hier_lstm", Task.SELECT, HierLSTMConfig)
 class HierLSTM(_LSTMRanker):
     """Utterance LSTM (shared with the candidates) -> context LSTM -> bilinear score."""
 
@@ -161,8 +162,8 @@ class TransformerRankerConfig(TransformerSelectConfig):
     last_utterance: bool = False
 
 
-@register("transformer_ranker", TaskKind.SELECT, TransformerRankerConfig, last_utterance=False)
-@register("transformer_last_ranker", TaskKind.SELECT, TransformerRankerConfig, last_utterance=True)
+@register("transformer_ranker", Task.SELECT, TransformerRankerConfig, last_utterance=False)
+@register("transformer_last_ranker", Task.SELECT, TransformerRankerConfig, last_utterance=True)
 class TransformerRanker(RankingModel):
     """The paper's Transformer baseline: no recurrence, the whole context (global PE over
     the flat history) or only its last utterance, matched by bi-directional highway
@@ -308,7 +309,7 @@ def _check_select_models(
 
     if not names:
         raise ValueError(f"{field}: name at least one model")
-    select = [n for n in registry.names(TaskKind.SELECT) if n not in _WRAPPERS]
+    select = [n for n in registry.names(Task.SELECT) if n not in _WRAPPERS]
     for name in [*names, *overrides]:
         if name not in select:
             raise ValueError(f"{field}: {name!r} is not a select model; choose among {select}")
@@ -320,14 +321,14 @@ def _member(name: str, vocab_size: int, overrides: dict[str, Any]) -> SelectMode
     return registry.build(name, vocab_size, **overrides)  # type: ignore[return-value]
 
 
-@register("ensemble", TaskKind.SELECT, EnsembleConfig)
+@register("ensemble", Task.SELECT, EnsembleConfig)
 def build_ensemble(config: EnsembleConfig) -> Ensemble:
     return Ensemble(
         [_member(m, config.vocab_size, config.overrides.get(m, {})) for m in config.members]
     )
 
 
-@register("with_none", TaskKind.SELECT, WithNoneConfig)
+@register("with_none", Task.SELECT, WithNoneConfig)
 def build_with_none(config: WithNoneConfig) -> WithNoneCandidate:
     inner = _member(config.model, config.vocab_size, config.overrides)
     return WithNoneCandidate(inner, config.loss, config.margin)

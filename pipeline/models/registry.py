@@ -16,8 +16,9 @@ from typing import Any
 from pydantic import ValidationError
 from torch import nn
 
+from pipeline.config import Task
 from pipeline.errors import ConfigError
-from pipeline.models.base import DataSizes, ModelConfig, TaskKind
+from pipeline.models.base import DataSizes, ModelConfig
 
 _MODULES = (
     "transformer",
@@ -37,7 +38,7 @@ class ModelSpec:
     and fixed config values that distinguish it from siblings sharing a class."""
 
     name: str
-    task: TaskKind
+    task: Task
     config_cls: type[ModelConfig]
     builder: Callable[[Any], nn.Module]
     preset: tuple[tuple[str, Any], ...] = ()
@@ -48,7 +49,7 @@ _loaded = False
 
 
 def register(
-    name: str, task: TaskKind, config_cls: type[ModelConfig], **preset: Any
+    name: str, task: Task, config_cls: type[ModelConfig], **preset: Any
 ) -> Callable[[Callable[[Any], nn.Module]], Callable[[Any], nn.Module]]:
     """Register ``builder(config) -> nn.Module`` under ``name``; ``preset`` fixes config
     fields for this name (``register("unet_linear", ..., UNetConfig, linear_skip=True)``)."""
@@ -70,10 +71,10 @@ def _load() -> None:
         _loaded = True
 
 
-def names(task: TaskKind | str | None = None) -> list[str]:
+def names(task: Task | str | None = None) -> list[str]:
     """Every registered model name (of one task kind if given), sorted."""
     _load()
-    return sorted(n for n, s in _REGISTRY.items() if task is None or s.task == TaskKind(task))
+    return sorted(n for n, s in _REGISTRY.items() if task is None or s.task == Task(task))
 
 
 def spec(name: str) -> ModelSpec:

@@ -24,16 +24,10 @@ from pydantic import Field
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import (
-    LossOutput,
-    ModelConfig,
-    Seq2SeqModel,
-    TaskKind,
-    select_batch_dim,
-    token_loss,
-)
+from pipeline.models.base import LossOutput, ModelConfig, Seq2SeqModel, select_batch_dim, token_loss
 from pipeline.models.layers import MultiHeadAttention, padding_mask
 from pipeline.models.registry import register
 from pipeline.models.utterances import split_utterances
@@ -237,7 +231,7 @@ class ConditionedDecoder(nn.Module):
 # --------------------------------------------------------------------------- S2SA
 
 
-@register("s2sa", TaskKind.GENERATE, S2SAConfig)
+@register("s2sa", Task.GENERATE, S2SAConfig)
 class S2SA(Seq2SeqModel):
     """GRU sequence-to-sequence model with multi-head attention over the flat history."""
 
@@ -288,7 +282,7 @@ class S2SA(Seq2SeqModel):
 # --------------------------------------------------------------------------- HRED family
 
 
-@register("hred", TaskKind.GENERATE, HREDConfig)
+@register("hred", Task.GENERATE, HREDConfig)
 class HRED(Seq2SeqModel):
     """Hierarchical recurrent encoder-decoder."""
 
@@ -348,7 +342,7 @@ class HRED(Seq2SeqModel):
         return self.decoder(tokens, memory.cond, state)
 
 
-@register("vhred", TaskKind.GENERATE, VHREDConfig)
+@register("vhred", Task.GENERATE, VHREDConfig)
 class VHRED(HRED):
     """HRED with a latent variable per response; trained on the annealed ELBO.
 
@@ -429,7 +423,7 @@ class VHRED(HRED):
         return self._elbo(batch, torch.cat([context, z], -1), posterior.kl(prior), {})
 
 
-@register("vhcr", TaskKind.GENERATE, VHCRConfig)
+@register("vhcr", Task.GENERATE, VHCRConfig)
 class VHCR(VHRED):
     """VHRED with a conversation latent and utterance drop.
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 
-from pipeline.models.base import AttentionModelConfig, TaskKind
+from pipeline.config import Task
+from pipeline.models.base import AttentionModelConfig
 from pipeline.models.layers import (
     EncoderLayer,
     padding_mask,
@@ -92,8 +93,8 @@ class TransformerEncoder(nn.Module):
         return x
 
 
-@register("adj_transformer", TaskKind.GENERATE, AdjTransformerConfig)
-@register("transformer", TaskKind.GENERATE, TransformerConfig)
+@register("adj_transformer", Task.GENERATE, AdjTransformerConfig)
+@register("transformer", Task.GENERATE, TransformerConfig)
 class Transformer(EncoderDecoder):
     """The vanilla Transformer baseline (and, with ``AdjTransformerConfig``, ADJ-Transformer)."""
 

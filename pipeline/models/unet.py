@@ -53,7 +53,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pipeline.models.base import AttentionModelConfig, TaskKind
+from pipeline.config import Task
+from pipeline.models.base import AttentionModelConfig
 from pipeline.models.layers import FeedForward, MultiHeadAttention, xavier_
 from pipeline.models.registry import register
 from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory, check_head_size
@@ -357,22 +358,22 @@ _FULL = {
     "linear_skip": False,
     "per_layer_attention": False,
 }
-register("unet", TaskKind.GENERATE, UNetConfig, **_FULL)(UNetTransformer)
-register("unet_linear", TaskKind.GENERATE, UNetConfig, **{**_FULL, "linear_skip": True})(
+register("unet", Task.GENERATE, UNetConfig, **_FULL)(UNetTransformer)
+register("unet_linear", Task.GENERATE, UNetConfig, **{**_FULL, "linear_skip": True})(
+    UNetTransformer
+)
+register("unet_per_layer_att", Task.GENERATE, UNetConfig, **{**_FULL, "per_layer_attention": True})(
     UNetTransformer
 )
 register(
-    "unet_per_layer_att", TaskKind.GENERATE, UNetConfig, **{**_FULL, "per_layer_attention": True}
-)(UNetTransformer)
-register(
     "transformer_skip",
-    TaskKind.GENERATE,
+    Task.GENERATE,
     UNetConfig,
     **{**_FULL, "conv": False, "down_up": False, "width_growth": 1.0},
 )(UNetTransformer)
 register(
     "transformer_skip_conv",
-    TaskKind.GENERATE,
+    Task.GENERATE,
     UNetConfig,
     **{**_FULL, "down_up": False, "width_growth": 1.0},
 )(UNetTransformer)

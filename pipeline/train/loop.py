@@ -38,10 +38,10 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import Precision, RunParams
+from pipeline.config import Precision, RunParams, Task
 from pipeline.data.batch import Batch
 from pipeline.eval.perplexity import perplexity_of
-from pipeline.models.base import LossOutput, TaskKind
+from pipeline.models.base import LossOutput
 from pipeline.progress import Mode, Reporter
 from pipeline.tracking import NullTracker
 from pipeline.train.checkpoint import (
@@ -148,9 +148,9 @@ class EvalResult:
     loss: float
     n_tokens: int
 
-    def metrics(self, task: TaskKind) -> dict[str, float]:
+    def metrics(self, task: Task) -> dict[str, float]:
         out = {"valid_loss": self.loss}
-        if task != TaskKind.SELECT:
+        if task != Task.SELECT:
             out["valid_ppl"] = perplexity_of(self.loss)
         return out
 
@@ -209,7 +209,7 @@ class _Run:
         self.seed = self.p.seed + ctx.rank
         seed_everything(self.seed)
         self.raw = job.model()
-        self.task = TaskKind(getattr(self.raw, "task", TaskKind.GENERATE))
+        self.task = Task(getattr(self.raw, "task", Task.GENERATE))
         self.model = ctx.wrap_model(LossModule(self.raw))
         self.optimizer = make_optimizer(self.raw, self.p.optimizer)
         self.scheduler = make_scheduler(self.optimizer, self.p.schedule)
@@ -423,7 +423,7 @@ class _Run:
         return final_metrics(self.progress, self.task)
 
 
-def final_metrics(progress: Progress, task: TaskKind | str) -> dict[str, float]:
+def final_metrics(progress: Progress, task: Task | str) -> dict[str, float]:
     """A run's outcome: best validation loss (and perplexity), where, and how long."""
     out = {
         "best_valid_loss": progress.best_loss,
@@ -431,7 +431,7 @@ def final_metrics(progress: Progress, task: TaskKind | str) -> dict[str, float]:
         "steps": float(progress.step),
         "epochs": float(progress.epoch),
     }
-    if TaskKind(task) != TaskKind.SELECT:
+    if Task(task) != Task.SELECT:
         out["best_valid_ppl"] = perplexity_of(progress.best_loss)
     return out
 
@@ -529,7 +529,7 @@ class _Window:
         self.grad_norm = None if grad_norm is None else grad_norm.detach()
         self.lr = lr
 
-    def flush(self, task: TaskKind) -> dict[str, float]:
+    def flush(self, task: Task) -> dict[str, float]:
         assert self.sums is not None, "flush() follows at least one add()"
         # Read the device before the clock, so the time covers the steps still queued on it.
         loss, nll_sum, tokens, *terms = self.sums.tolist()
@@ -543,7 +543,7 @@ class _Window:
             "examples_per_s": self.examples / seconds,
             "tokens_per_s": tokens / seconds,
         }
-        if task != TaskKind.SELECT:
+        if task != Task.SELECT:
             out["train_ppl"] = perplexity_of(nll)
         if grad_norm is not None:
             out["grad_norm"] = grad_norm

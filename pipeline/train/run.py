@@ -26,12 +26,12 @@ from pipeline.artifacts import (
     load_model,
     save_model,
 )
-from pipeline.config import CorpusName, Params, RunParams, run_key
+from pipeline.config import CorpusName, Params, RunParams, Task, run_key
 from pipeline.data.loader import load_vocab
 from pipeline.data.shards import read_manifest
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import DataSizes, TaskKind
+from pipeline.models.base import DataSizes
 from pipeline.serving import ServingSpec
 from pipeline.train.distributed import fit, has_checkpoint, ray_cluster, storage_path
 from pipeline.train.job import (
@@ -55,14 +55,14 @@ class Plan:
 
     model: str
     corpus: str
-    task: TaskKind
+    task: Task
     params: RunParams
     config: dict[str, Any]
     sizes: DataSizes
     tuned_from: TuneRecord | None
 
 
-def _task(params: Params, model: str, corpus: str, where: str) -> TaskKind:
+def _task(params: Params, model: str, corpus: str, where: str) -> Task:
     task = registry.spec(model).task
     if CorpusName(corpus) not in params.tokenize.corpora:
         raise ConfigError(where, f"tokenize.corpora has no entry for {corpus!r}")
@@ -145,11 +145,9 @@ def serving_spec(params: Params, plan: Plan) -> ServingSpec:
     )
 
 
-def sample_generations(
-    model_file: Path, shards: Path, task: TaskKind, n: int, max_length: int
-) -> str:
+def sample_generations(model_file: Path, shards: Path, task: Task, n: int, max_length: int) -> str:
     """Greedy responses of the exported model to the first ``n`` validation histories."""
-    if task != TaskKind.GENERATE or n == 0:
+    if task != Task.GENERATE or n == 0:
         return ""
     import torch
 

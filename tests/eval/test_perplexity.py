@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, LMBatch
 from pipeline.data.special import PAD_ID
 from pipeline.eval.perplexity import (
@@ -19,13 +20,7 @@ from pipeline.eval.perplexity import (
     perplexity_of,
     token_nll,
 )
-from pipeline.models.base import (
-    LanguageModel,
-    SelectModel,
-    Seq2SeqModel,
-    TaskKind,
-    select_batch_dim,
-)
+from pipeline.models.base import LanguageModel, SelectModel, Seq2SeqModel, select_batch_dim
 from tests.batches import make_history, random_generate_batch
 
 V = 50
@@ -87,7 +82,7 @@ def test_perplexity_rejects_no_tokens_and_reports_divergence_as_such():
 def test_validation_reports_the_same_perplexity_function():
     from pipeline.train.loop import EvalResult
 
-    assert EvalResult(60.0, 10).metrics(TaskKind.GENERATE)["valid_ppl"] == perplexity_of(60.0)
+    assert EvalResult(60.0, 10).metrics(Task.GENERATE)["valid_ppl"] == perplexity_of(60.0)
 
 
 def test_meter_pools_tokens_not_batches():

@@ -19,13 +19,12 @@ import pytest
 import torch
 
 from pipeline.artifacts import load_model, save_model
-from pipeline.config import parse_params
+from pipeline.config import Task, parse_params
 from pipeline.data.loader import open_split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, generate
 from pipeline.eval.perplexity import example_nll
 from pipeline.models import registry
-from pipeline.models.base import TaskKind
 
 # Overrides that shrink a config, applied where the config has the field and the name
 # does not fix it; a few families need their own (below).
@@ -93,17 +92,17 @@ def setup(name: str, corpora: dict[str, Path], n: int = 4):
     from pipeline.data.shards import read_manifest
 
     task = registry.spec(name).task
-    shards = corpora["multiwoz" if task == TaskKind.GENERATE else "chitchat"]
+    shards = corpora["multiwoz" if task == Task.GENERATE else "chitchat"]
     torch.manual_seed(0)
     model = registry.build(name, read_manifest(shards).data_sizes(), **tiny(name)).eval()
     dataset = open_split(shards, task.value, "train")
     return model, dataset, [dataset[i] for i in range(n)]
 
 
-def per_example(model, batch, task: TaskKind) -> torch.Tensor:
+def per_example(model, batch, task: Task) -> torch.Tensor:
     """What evaluation reads per example: select scores, else per-example summed NLL."""
     with torch.no_grad():
-        if task == TaskKind.SELECT:
+        if task == Task.SELECT:
             return model.score(batch).float()
         return example_nll(model, batch).nll_sum.float()
 
@@ -169,11 +168,11 @@ def test_save_load_through_the_stage_contract_and_the_evaluation_path(name, corp
     )  # fmt: skip
     loaded = load_model(path)
     torch.testing.assert_close(per_example(loaded, batch, task), per_example(model, batch, task))
-    if task == TaskKind.GENERATE:
+    if task == Task.GENERATE:
         out = generate(loaded, batch, DecodeConfig(max_length=5))
         assert out.tokens.shape[0] == 2 and out.tokens.shape[1] <= 5
         assert torch.equal(out.tokens, generate(model, batch, DecodeConfig(max_length=5)).tokens)
-    elif task == TaskKind.SELECT:
+    elif task == Task.SELECT:
         assert loaded.score(batch).shape[0] == 2
     else:
         assert torch.isfinite(example_nll(loaded, batch).nll_sum).all()
@@ -184,7 +183,7 @@ def test_save_load_through_the_stage_contract_and_the_evaluation_path(name, corp
 
 # with_none scores a NONE column too; its BCE is its inner model's (tests/models/test_rankers.py)
 @pytest.mark.parametrize(
-    "name", [n for n in NAMES if registry.spec(n).task == TaskKind.SELECT and n != "with_none"]
+    "name", [n for n in NAMES if registry.spec(n).task == Task.SELECT and n != "with_none"]
 )
 def test_select_loss_is_bce_over_the_real_candidates_only(name: str, corpora):
     """Validation (``loss``) and test (``evaluate_select``) use one BCE: an example with

@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from pipeline.config import Task
 from pipeline.data.special import BOS_ID, EOS_ID, SPECIAL_TOKENS
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import TaskKind, count_parameters
+from pipeline.models.base import count_parameters
 from pipeline.models.gpt import GPT
 from pipeline.models.stack import extent, scatter_rows
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch
@@ -41,7 +42,7 @@ def small(name: str = "gpt", **overrides) -> GPT:
 
 
 def test_registered_with_paper_defaults() -> None:
-    assert {"gpt", "congruent_gpt"} <= set(registry.names(TaskKind.LM))
+    assert {"gpt", "congruent_gpt"} <= set(registry.names(Task.LM))
     config = registry.make_config("gpt", 10_000)
     assert (config.d_model, config.n_heads, config.n_layers, config.d_ff) == (512, 8, 6, 2048)
     assert not config.congruent

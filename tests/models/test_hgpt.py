@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from pipeline.config import Task
 from pipeline.data.special import EOS_ID
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import TaskKind, count_parameters
+from pipeline.models.base import count_parameters
 from pipeline.models.hgpt import HierarchicalGPT, Stage
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch, shared_data_dir
 
@@ -62,7 +63,7 @@ def sgd_step(model: torch.nn.Module, lr: float = 0.1) -> None:
 
 
 def test_registered_with_paper_defaults() -> None:
-    assert {"hgpt", "congruent_hgpt"} <= set(registry.names(TaskKind.LM))
+    assert {"hgpt", "congruent_hgpt"} <= set(registry.names(Task.LM))
     c = registry.make_config("hgpt", 10_000)
     assert (c.encoder_layers, c.document_layers, c.decoder_layers) == (1, 1, 4)
     assert (c.d_model, c.n_heads, c.d_ff) == (512, 8, 2048)

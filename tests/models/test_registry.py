@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.config import Task
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import DataSizes, LanguageModel, SelectModel, Seq2SeqModel, TaskKind
+from pipeline.models.base import DataSizes, LanguageModel, SelectModel, Seq2SeqModel
 
 GENERATE = [
     "transformer", "adj_transformer", "transformer_skip", "transformer_skip_conv", "unet",
@@ -22,17 +23,17 @@ LM = ["gpt", "congruent_gpt", "hgpt", "congruent_hgpt"]
 
 def test_every_public_name_is_registered_with_its_task() -> None:
     assert registry.names() == sorted(GENERATE + SELECT + LM)
-    assert registry.names(TaskKind.GENERATE) == sorted(GENERATE)
+    assert registry.names(Task.GENERATE) == sorted(GENERATE)
     assert registry.names("select") == sorted(SELECT)
-    assert registry.names(TaskKind.LM) == sorted(LM)
+    assert registry.names(Task.LM) == sorted(LM)
 
 
 @pytest.mark.parametrize("name", GENERATE + SELECT + LM)
 def test_model_class_matches_task(name: str) -> None:
     base = {
-        TaskKind.GENERATE: Seq2SeqModel,
-        TaskKind.SELECT: SelectModel,
-        TaskKind.LM: LanguageModel,
+        Task.GENERATE: Seq2SeqModel,
+        Task.SELECT: SelectModel,
+        Task.LM: LanguageModel,
     }
     spec = registry.spec(name)
     sizes = DataSizes(vocab_size=64, n_acts=5)

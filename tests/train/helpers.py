@@ -10,8 +10,9 @@ import torch
 from pydantic import Field
 from torch import nn
 
+from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch
-from pipeline.models.base import LossOutput, ModelConfig, TaskKind, select_batch_dim, token_loss
+from pipeline.models.base import LossOutput, ModelConfig, select_batch_dim, token_loss
 from tests.batches import random_generate_batch
 
 VOCAB = 40
@@ -26,7 +27,7 @@ class ToyModel(nn.Module):
     """Bag-of-words history + previous target token -> next target token. Padding-invariant
     (masked mean), with optional dropout so RNG state matters."""
 
-    task = TaskKind.GENERATE
+    task = Task.GENERATE
 
     def __init__(self, config: ToyConfig) -> None:
         super().__init__()

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from pipeline import progress
-from pipeline.config import RunParams, ScheduleKind, ScheduleParams
+from pipeline.config import RunParams, ScheduleKind, ScheduleParams, Task
 from pipeline.data.batch import GenerateBatch
-from pipeline.models.base import LossOutput, TaskKind
+from pipeline.models.base import LossOutput
 from pipeline.train import loop
 from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from pipeline.train.loop import TrainJob, _Window, to_device, train_local
@@ -85,7 +85,7 @@ def test_loss_goes_down_and_checkpoint_holds_everything(tmp_path):
 class _Scripted(nn.Module):
     """Trains a real parameter; in eval mode reports a scripted validation loss."""
 
-    task = TaskKind.GENERATE
+    task = Task.GENERATE
 
     def __init__(self, script: list[float]) -> None:
         super().__init__()
@@ -328,7 +328,7 @@ def test_window_reads_the_device_only_when_it_flushes(monkeypatch):
     assert spy.reads == []
     assert window.sums is not None and window.sums.shape == (4,)
     assert window.sums.dtype == torch.float64 and window.sums.grad_fn is None
-    metrics = window.flush(TaskKind.GENERATE)
+    metrics = window.flush(Task.GENERATE)
     assert spy.reads
     assert metrics["train_loss"] == 2.0 and metrics["train_nll"] == 4.0
     assert metrics["train_kl"] == 1.0 and metrics["grad_norm"] == 0.5 and metrics["lr"] == 0.1

@@ -1,0 +1,104 @@
+"""Params of the data stages: download and tokenize (splits, vocabulary, per-task limits)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from pipeline.config.sections import CorpusName, OnError, Section
+
+# --------------------------------------------------------------------------- data
+
+
+class DownloadParams(Section):
+    """``download``: where corpora come from."""
+
+    mirror: str | None = Field(
+        default=None,
+        description="A directory or file:// URL standing in for the internet: a URL's "
+        "file name is looked up there (tests and offline users).",
+    )
+    retries: int = Field(default=4, ge=0, le=20)
+    timeout_s: float = Field(default=60.0, gt=0)
+
+
+class SplitParams(Section):
+    """Seeded split by dialogue for corpora without an official one."""
+
+    seed: int = 13
+    valid: float = Field(default=0.1, ge=0, lt=1)
+    test: float = Field(default=0.1, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _fractions(self) -> SplitParams:
+        if self.valid + self.test >= 1:
+            raise ValueError("valid + test must leave a training split (sum < 1)")
+        return self
+
+
+class VocabParams(Section):
+    kind: Literal["word", "bpe"] = "word"
+    size: int = Field(default=20000, ge=16)
+    min_freq: int = Field(default=1, ge=1)
+    lowercase: bool = True
+
+
+class GenerateParams(Section):
+    max_history: int = Field(default=150, gt=0, description="most recent history tokens kept")
+    max_utterances: int = Field(default=10, gt=0)
+    max_response: int = Field(default=30, gt=0)
+    delexicalize: bool = Field(default=False, description="MultiWOZ: replace slot values")
+
+
+class SelectParams(Section):
+    n_candidates_train: int = Field(default=10, ge=2, description="1 positive + negatives")
+    n_candidates_eval: int = Field(default=100, ge=2)
+    max_candidate: int = Field(default=30, gt=0)
+
+
+class LMParams(Section):
+    sentences_per_document: int = Field(default=10, gt=0)
+    max_sentence: int = Field(default=50, gt=0)
+
+
+class Task(enum.StrEnum):
+    """The three task kinds: ``generate`` (history -> response), ``select`` (context +
+    candidates -> scores), ``lm`` (documents of sentences). A corpus yields some of them
+    (``CorpusParams.tasks``); every registered model serves one (``registry.spec``)."""
+
+    GENERATE = "generate"
+    SELECT = "select"
+    LM = "lm"
+
+
+class CorpusParams(Section):
+    """How one corpus is turned into examples."""
+
+    tasks: tuple[Task, ...] = (Task.GENERATE,)
+    vocab: VocabParams = VocabParams()
+    split: SplitParams = SplitParams()
+    generate: GenerateParams = GenerateParams()
+    select: SelectParams = SelectParams()
+    lm: LMParams = LMParams()
+    max_dialogues: int | None = Field(
+        default=None, gt=0, description="keep only the first N dialogues per split (tiny runs)"
+    )
+
+    @model_validator(mode="after")
+    def _tasks(self) -> CorpusParams:
+        if not self.tasks:
+            raise ValueError("tasks: name at least one of generate, select, lm")
+        return self
+
+
+class TokenizeParams(Section):
+    """``tokenize``: examples and shards."""
+
+    on_error: OnError = OnError.RAISE
+    shard_rows: int = Field(default=50_000, gt=0)
+    corpora: dict[CorpusName, CorpusParams] = Field(default_factory=dict)

@@ -1,0 +1,125 @@
+"""Params of tracking (MLflow) and of the evaluate stage (decodings, word vectors)."""
+
+from __future__ import annotations
+
+import enum
+
+from pydantic import (
+    Field,
+    field_validator,
+)
+
+from pipeline.config.sections import Section
+
+# --------------------------------------------------------------------------- tracking
+
+
+class TrackingParams(Section):
+    """``tracking``: what MLflow records (the URI comes from $MLFLOW_TRACKING_URI)."""
+
+    enabled: bool = True
+    experiment_prefix: str = Field(default="hiertx", min_length=1)
+    log_model: bool = Field(default=True, description="log the final model as a pyfunc")
+    register_model: bool = Field(default=True, description="register it as hiertx-<run>")
+    sample_generations: int = Field(default=5, ge=0, description="validation samples logged")
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+class DecodeStrategy(enum.StrEnum):
+    GREEDY = "greedy"
+    BEAM = "beam"
+    TOP_K = "top_k"
+    NUCLEUS = "nucleus"
+
+
+class DecodeParams(Section):
+    """One decoding of the test histories (fields of ``pipeline.decode.DecodeConfig``;
+    ``max_length`` is the corpus' ``generate.max_response``). Its metrics carry
+    :attr:`suffix`: none for greedy, ``_beam5`` for a beam of 5, ``_topk10``, ``_topp0.9``."""
+
+    strategy: DecodeStrategy = DecodeStrategy.GREEDY
+    beam_size: int = Field(default=5, ge=1)
+    length_penalty: float = Field(default=0.0, ge=0)
+    min_length: int = Field(default=0, ge=0)
+    no_repeat_ngram: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    temperature: float = Field(default=1.0, gt=0)
+    seed: int = 0
+
+    @property
+    def suffix(self) -> str:
+        if self.strategy == DecodeStrategy.GREEDY:
+            return ""
+        if self.strategy == DecodeStrategy.BEAM:
+            return f"_beam{self.beam_size}"
+        if self.strategy == DecodeStrategy.TOP_K:
+            return f"_topk{self.top_k}"
+        return f"_topp{self.top_p:g}"
+
+
+class Word2VecParams(Section):
+    """Word vectors of the embedding metrics: ``vectors`` (a word2vec text/binary or GloVe
+    file), else a word2vec trained on the corpus' training responses."""
+
+    vectors: str | None = Field(default=None, description="pre-trained vectors file")
+    dim: int = Field(default=300, gt=0)
+    window: int = Field(default=5, gt=0)
+    min_count: int = Field(default=1, gt=0)
+    epochs: int = Field(default=5, gt=0)
+    seed: int = 0
+    max_sentences: int | None = Field(
+        default=None, gt=0, description="train on at most this many training responses"
+    )
+
+
+class EvaluateParams(Section):
+    """``evaluate``: the test split of every trained seed of a run."""
+
+    batch_size: int = Field(default=32, gt=0)
+    max_batches: int | None = Field(
+        default=None, gt=0, description="quick runs: only the first N test batches"
+    )
+    decodes: tuple[DecodeParams, ...] = Field(
+        default=(DecodeParams(),), description="generate models: greedy (always) and others"
+    )
+    models: dict[str, tuple[DecodeParams, ...]] = Field(
+        default_factory=dict, description="per model name: decodes replacing `decodes`"
+    )
+    word2vec: Word2VecParams = Word2VecParams()
+    bootstrap_samples: int = Field(
+        default=1000, ge=0, description="test-set resamples of the paired bootstrap tests"
+    )
+    n_samples: int = Field(default=5, ge=0, description="histories shown in samples.md")
+
+    @field_validator("decodes")
+    @classmethod
+    def _decodes(cls, decodes: tuple[DecodeParams, ...]) -> tuple[DecodeParams, ...]:
+        _check_decodes(decodes)
+        return decodes
+
+    @field_validator("models")
+    @classmethod
+    def _model_decodes(
+        cls, models: dict[str, tuple[DecodeParams, ...]]
+    ) -> dict[str, tuple[DecodeParams, ...]]:
+        for name, decodes in models.items():
+            try:
+                _check_decodes(decodes)
+            except ValueError as err:
+                raise ValueError(f"{name}: {err}") from None
+        return models
+
+    def decodes_for(self, model: str) -> tuple[DecodeParams, ...]:
+        """The decodings ``model`` is evaluated with."""
+        return self.models.get(model, self.decodes)
+
+
+def _check_decodes(decodes: tuple[DecodeParams, ...]) -> None:
+    suffixes = [d.suffix for d in decodes]
+    if "" not in suffixes:
+        raise ValueError("add {strategy: greedy}: every generate model is decoded greedily")
+    if len(set(suffixes)) != len(suffixes):
+        raise ValueError(f"two decodings share a metric suffix: {suffixes}")

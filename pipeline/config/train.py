@@ -1,0 +1,199 @@
+"""Params of the train stage: runs, per-run overrides merged over model and global
+defaults, optimiser, schedule, precision and scale (Ray Train)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from pipeline.config.sections import CorpusName, Section
+
+# --------------------------------------------------------------------------- train
+
+
+class OptimizerKind(enum.StrEnum):
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+
+class OptimizerParams(Section):
+    """Adam or AdamW (decoupled weight decay)."""
+
+    kind: OptimizerKind = OptimizerKind.ADAM
+    lr: float = Field(default=1e-4, gt=0, description="peak learning rate")
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(default=1e-9, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError("each beta must lie in [0, 1)")
+        return betas
+
+
+class ScheduleKind(enum.StrEnum):
+    NONE = "none"
+    LINEAR_WARMUP = "linear_warmup"
+    NOAM = "noam"
+
+
+class ScheduleParams(Section):
+    """Learning-rate schedule: constant; linear warm-up to ``lr`` then constant; or Noam
+    (warm-up then inverse square root decay), scaled so that its peak equals ``lr``."""
+
+    kind: ScheduleKind = ScheduleKind.NONE
+    warmup_steps: int = Field(default=1000, gt=0)
+
+
+class Precision(enum.StrEnum):
+    AUTO = "auto"  # bf16 autocast on GPU, fp32 on CPU
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class RunParams(Section):
+    """The knobs of one training run. ``train.defaults`` holds them all; ``train.models.<m>``
+    and ``train.runs.<run>.overrides`` hold only the keys they change (merged in that order
+    by ``TrainParams.run``)."""
+
+    seed: int = Field(default=1234, ge=0, description="base seed; worker r uses seed + r")
+    batch_size: int = Field(
+        default=32, gt=0, description="global: examples per optimizer step over all workers"
+    )
+    eval_batch_size: int | None = Field(default=None, gt=0, description="default: batch_size")
+    epochs: int = Field(default=30, gt=0)
+    max_steps: int | None = Field(default=None, gt=0, description="stop after this many steps")
+    max_batches_per_epoch: int | None = Field(
+        default=None, gt=0, description="tiny runs: cut every epoch (train and valid) short"
+    )
+    eval_every: int | None = Field(
+        default=None, gt=0, description="also evaluate every N steps (always at epoch end)"
+    )
+    max_eval_batches: int | None = Field(
+        default=None,
+        gt=0,
+        description="validation batches per evaluation (the first N of the valid split); "
+        "null = max_batches_per_epoch, or the whole split",
+    )
+    patience: int | None = Field(
+        default=5, gt=0, description="evaluations without improvement before stopping"
+    )
+    min_delta: float = Field(default=0.0, ge=0, description="smallest improvement that counts")
+    clip_norm: float | None = Field(default=1.0, gt=0, description="max gradient norm")
+    optimizer: OptimizerParams = OptimizerParams()
+    schedule: ScheduleParams = ScheduleParams()
+    precision: Precision = Precision.AUTO
+    checkpoint_every: int | None = Field(
+        default=None, gt=0, description="also checkpoint every N steps (always at epoch end)"
+    )
+    log_every: int = Field(default=10, gt=0, description="steps between logged train metrics")
+    seeds: int = Field(
+        default=1,
+        ge=1,
+        le=100,
+        description="models trained per run, seed i with seed + 1000 * i (mean +- CI)",
+    )
+    model: dict[str, Any] = Field(
+        default_factory=dict, description="model config overrides (fields of its config)"
+    )
+
+
+def merge_params(base: Section, override: Section) -> Section:
+    """``base`` updated with the fields ``override`` was given explicitly (its
+    ``model_fields_set``): nested sections merge recursively, mappings are updated."""
+    update: dict[str, Any] = {}
+    for name in override.model_fields_set:
+        new, old = getattr(override, name), getattr(base, name)
+        if isinstance(new, Section) and isinstance(old, Section):
+            new = merge_params(old, new)
+        elif isinstance(new, dict) and isinstance(old, dict):
+            new = {**old, **new}
+        update[name] = new
+    return type(base).model_validate({**base.model_dump(), **update})
+
+
+class RunTarget(Section):
+    """One model trained (or tuned) on one corpus; its key in ``runs`` is
+    ``<model>-<corpus>`` (the DVC stage name suffix and output folder)."""
+
+    model: str = Field(min_length=1)
+    corpus: CorpusName
+    overrides: RunParams = Field(
+        default_factory=RunParams, description="keys of this run that differ (train runs only)"
+    )
+
+    @property
+    def key(self) -> str:
+        return run_key(self.model, self.corpus)
+
+
+def run_key(model: str, corpus: str) -> str:
+    """The name of a (model, corpus) run: ``hier-multiwoz``."""
+    return f"{model}-{corpus}"
+
+
+def check_run_keys(runs: dict[str, RunTarget], where: str) -> None:
+    for key, target in runs.items():
+        if key != target.key:
+            raise ValueError(f"{where}.{key}: must be named {target.key!r} (<model>-<corpus>)")
+
+
+class PlacementStrategy(enum.StrEnum):
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+class ScaleParams(Section):
+    """Where training runs: in-process (``num_workers: 0``) or on Ray Train workers."""
+
+    num_workers: int = Field(default=0, ge=0, description="0 = local, in-process, no Ray")
+    use_gpu: bool | None = Field(default=None, description="null = use GPUs if present")
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    gpus_per_worker: float = Field(default=1.0, gt=0, description="with use_gpu only")
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+    max_failures: int = Field(
+        default=0, ge=-1, description="worker-group restarts from the last checkpoint (-1: always)"
+    )
+    storage_path: str | None = Field(
+        default=None,
+        description="runs and checkpoints: an absolute path or URI shared by every node "
+        "(multi-node); default <project>/runs/ray, or $HIERTX_STORAGE_PATH",
+    )
+
+
+class TrainParams(Section):
+    """``train``: defaults, per-model and per-run overrides, runs, and scaling."""
+
+    defaults: RunParams = RunParams()
+    models: dict[str, RunParams] = Field(
+        default_factory=dict, description="per model name: the keys that differ from defaults"
+    )
+    runs: dict[str, RunTarget] = Field(
+        default_factory=dict, description="untuned runs `dvc repro` trains (stage train@<key>)"
+    )
+    scale: ScaleParams = ScaleParams()
+
+    @model_validator(mode="after")
+    def _keys(self) -> TrainParams:
+        check_run_keys(self.runs, "runs")
+        return self
+
+    def run(self, model: str, corpus: str) -> RunParams:
+        """The merged knobs of ``model`` on ``corpus``: defaults < models < run overrides."""
+        merged = self.defaults
+        if model in self.models:
+            merged = merge_params(merged, self.models[model])
+        target = self.runs.get(run_key(model, corpus))
+        if target is not None:
+            merged = merge_params(merged, target.overrides)
+        return merged  # type: ignore[return-value]
