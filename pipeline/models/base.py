@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, Self, runtime_checkable
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
 from pipeline.config import Task
@@ -45,21 +45,49 @@ class ModelConfig(BaseModel):
 
 
 class AttentionModelConfig(ModelConfig):
-    """Dropout of the attention-based models.
+    """The block dimensions and dropout of the Transformer-family models.
 
+    ``d_model`` is the width, ``n_heads`` the heads, ``d_head`` (where the config has it)
+    the per-head key/value size: ``None`` means ``d_model // n_heads``, and then the heads
+    must divide the width; the check is here, once, for every Transformer-family config.
     ``dropout`` is applied to embeddings, residual branches and the FFN; attention
     probabilities get ``attention_dropout`` (``None``, the papers' setting: ``dropout``).
     ``attention_dropout: 0`` keeps CPU attention on PyTorch's fused kernel, whose
     dropout-free path trains ~1.18x faster (bench/RESULTS.md).
     """
 
+    d_model: int = Field(ge=1)
+    n_heads: int = Field(ge=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float | None = Field(None, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _heads_fit_width(self) -> Self:
+        head_size(self.d_model, self.n_heads, getattr(self, "d_head", None))
+        return self
+
+    @property
+    def head_size(self) -> int:
+        """The per-head key/value size in effect."""
+        return head_size(self.d_model, self.n_heads, getattr(self, "d_head", None))
 
     @property
     def attention_dropout_p(self) -> float:
         """The attention-probability dropout in effect."""
         return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+
+def head_size(width: int, n_heads: int, d_head: int | None = None, field: str = "n_heads") -> int:
+    """``d_head`` if given, else ``width // n_heads``, which needs the heads to divide the
+    width: a ``ValueError`` naming ``field`` (and what to do) otherwise."""
+    if d_head is not None:
+        return d_head
+    if width % n_heads:
+        raise ValueError(
+            f"{field}: {n_heads} heads do not divide the width {width}; pick a divisor "
+            "(or, where the config has one, set d_head)"
+        )
+    return width // n_heads
 
 
 @dataclass

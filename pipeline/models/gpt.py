@@ -16,7 +16,7 @@ Its layers are ``stack.Stack`` (causal), the block every level of ``hgpt`` is bu
 from __future__ import annotations
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import Tensor, nn
 
 from pipeline.config import Task
@@ -36,12 +36,6 @@ class GPTConfig(AttentionModelConfig):
     n_layers: int = Field(6, ge=1)
     d_ff: int = Field(2048, ge=1)
     congruent: bool = False
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> GPTConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model={self.d_model}")
-        return self
 
 
 @register("gpt", Task.LM, GPTConfig)

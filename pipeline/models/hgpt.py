@@ -38,7 +38,12 @@ from torch import Tensor, nn
 from pipeline.config import Task
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import AttentionModelConfig, LanguageModel, masked_token_nll
+from pipeline.models.base import (
+    AttentionModelConfig,
+    LanguageModel,
+    head_size,
+    masked_token_nll,
+)
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.registry import register
 from pipeline.models.stack import Stack, extent, scatter_rows
@@ -71,14 +76,8 @@ class HGPTConfig(AttentionModelConfig):
     )
 
     @model_validator(mode="after")
-    def _heads_divide_widths(self) -> HGPTConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model={self.d_model}")
-        if self.d_sentence % self.sentence_heads:
-            raise ValueError(
-                f"sentence_heads: {self.sentence_heads} does not divide "
-                f"d_sentence={self.d_sentence}"
-            )
+    def _sentence_heads_fit_width(self) -> HGPTConfig:
+        head_size(self.d_sentence, self.sentence_heads, field="sentence_heads")
         return self
 
 

@@ -85,16 +85,6 @@ class HierConfig(AttentionModelConfig):
     # Size of the multi-hot dialogue-act vector fed to the decoder (HIER++/SET++); None: none.
     n_acts: int | None = Field(None, ge=1)
 
-    @field_validator("n_heads")
-    @classmethod
-    def _heads_fit_width(cls, n_heads: int, info: ValidationInfo) -> int:
-        d_model, d_head = info.data.get("d_model"), info.data.get("d_head")
-        if d_head is None and d_model is not None and d_model % n_heads:
-            raise ValueError(
-                f"{n_heads} heads do not divide d_model={d_model}; pick a divisor or set d_head"
-            )
-        return n_heads
-
     @field_validator("n_context_layers")
     @classmethod
     def _encoder_not_empty(cls, n_context: int, info: ValidationInfo) -> int:

@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import Tensor, nn
 
 from pipeline.data.batch import SelectBatch
@@ -373,9 +373,3 @@ class TransformerSelectConfig(SelectConfig, AttentionModelConfig):
     n_layers: int = Field(2, ge=1)
     highway_formula: HighwayFormula = HighwayFormula.SOFTMAX
     speaker_embedding: bool = True
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> TransformerSelectConfig:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model={self.d_model}")
-        return self

@@ -1,6 +1,6 @@
 """The encoder-decoder frame of the Transformer family over flat histories (Transformer,
 U-Net Transformer): the history embedding, the shared decoder with incremental decoding,
-and the per-head size rule of their configs. A model supplies only its encoder stack
+and a model supplies only its encoder stack
 (``EncoderDecoder.encode_embedded``).
 
 Segment indices count utterances **from the most recent** (0 = the utterance the response
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import ValidationInfo
 from torch import Tensor, nn
 
 from pipeline.data.batch import GenerateBatch, History
@@ -26,18 +25,6 @@ from pipeline.models.layers import (
     SinusoidalPositions,
     TokenEmbedding,
 )
-
-
-def check_head_size(d_head: int | None, info: ValidationInfo) -> int | None:
-    """``d_head=None`` means ``d_model // n_heads``: then the heads must divide the width.
-    (A field validator, so the error names ``d_head``.)"""
-    d_model, n_heads = info.data.get("d_model"), info.data.get("n_heads")
-    if d_head is None and d_model is not None and n_heads is not None and d_model % n_heads:
-        raise ValueError(
-            f"None (d_model // n_heads) needs n_heads={n_heads} to divide "
-            f"d_model={d_model}; set d_head explicitly"
-        )
-    return d_head
 
 
 def recent_first_segments(history: History) -> Tensor:

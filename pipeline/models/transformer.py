@@ -17,7 +17,7 @@ decoding) is ``seq2seq.EncoderDecoder``; this module supplies the encoder stack.
 
 from __future__ import annotations
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field
 from torch import Tensor, nn
 
 from pipeline.config import Task
@@ -27,7 +27,7 @@ from pipeline.models.layers import (
     padding_mask,
 )
 from pipeline.models.registry import register
-from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory, check_head_size
+from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory
 
 
 class TransformerConfig(AttentionModelConfig):
@@ -44,15 +44,6 @@ class TransformerConfig(AttentionModelConfig):
     d_head: int | None = Field(64, ge=1)
     d_ff: int = Field(1024, ge=1)
     n_segments: int = Field(32, ge=1)
-
-    @field_validator("d_head")
-    @classmethod
-    def _heads_fit(cls, d_head: int | None, info: ValidationInfo) -> int | None:
-        return check_head_size(d_head, info)
-
-    @property
-    def head_size(self) -> int:
-        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
 
 
 class AdjTransformerConfig(TransformerConfig):

@@ -57,7 +57,7 @@ from pipeline.config import Task
 from pipeline.models.base import AttentionModelConfig
 from pipeline.models.layers import FeedForward, MultiHeadAttention, xavier_
 from pipeline.models.registry import register
-from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory, check_head_size
+from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory
 
 
 class UNetConfig(AttentionModelConfig):
@@ -84,11 +84,6 @@ class UNetConfig(AttentionModelConfig):
         if n_layers % 2:
             raise ValueError(f"must be even (in + down + up + out layers), got {n_layers}")
         return n_layers
-
-    @field_validator("d_head")
-    @classmethod
-    def _heads_fit(cls, d_head: int | None, info: ValidationInfo) -> int | None:
-        return check_head_size(d_head, info)
 
     @field_validator("conv")
     @classmethod
@@ -143,9 +138,7 @@ class UNetConfig(AttentionModelConfig):
 
     @property
     def head_sizes(self) -> list[int]:
-        return self._scaled(
-            self.d_head if self.d_head is not None else self.d_model // self.n_heads
-        )
+        return self._scaled(self.head_size)
 
     @property
     def ffn_sizes(self) -> list[int]:

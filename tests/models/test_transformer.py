@@ -217,7 +217,7 @@ def test_gradients_reach_every_parameter() -> None:
 
 
 def test_invalid_configs_name_the_field() -> None:
-    with pytest.raises(ConfigError, match=r"transformer\.d_head"):
+    with pytest.raises(ConfigError, match=r"transformer\.n_heads: 8 heads do not divide"):
         registry.build("transformer", VOCAB, d_model=30, n_heads=8, d_head=None)
     with pytest.raises(ConfigError, match=r"transformer\.dropout"):
         registry.build("transformer", VOCAB, dropout=1.5)

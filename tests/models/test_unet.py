@@ -299,7 +299,7 @@ def test_invalid_configs_name_the_field() -> None:
         ("unet", {"skip": False}, r"unet\.skip.*fixed"),
         ("transformer_skip", {"conv": True}, r"transformer_skip\.conv.*fixed"),
         ("unet_per_layer_att", {"n_decoder_layers": 2}, r"per_layer_attention"),
-        ("unet", {"d_model": 30, "n_heads": 8, "d_head": None}, r"unet\.d_head"),
+        ("unet", {"d_model": 30, "n_heads": 8, "d_head": None}, r"unet\.n_heads: 8 heads do not"),
     ]
     for name, overrides, pattern in cases:
         with pytest.raises(ConfigError, match=pattern):
