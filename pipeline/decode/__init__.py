@@ -4,9 +4,8 @@ from pipeline.decode.generate import (
     Beams,
     DecodeConfig,
     GenerationOutput,
-    Strategy,
     generate,
     length_penalty,
 )
 
-__all__ = ["Beams", "DecodeConfig", "GenerationOutput", "Strategy", "generate", "length_penalty"]
+__all__ = ["Beams", "DecodeConfig", "GenerationOutput", "generate", "length_penalty"]

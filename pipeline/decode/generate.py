@@ -22,23 +22,16 @@ Conventions:
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
+from pipeline.config import DecodeStrategy
 from pipeline.data.batch import GenerateBatch
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.models.base import DecoderState, Seq2SeqModel, select_batch_dim
-
-
-class Strategy(enum.StrEnum):
-    GREEDY = "greedy"
-    BEAM = "beam"
-    TOP_K = "top_k"
-    NUCLEUS = "nucleus"
 
 
 class DecodeConfig(BaseModel):
@@ -48,7 +41,7 @@ class DecodeConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    strategy: Strategy = Strategy.GREEDY
+    strategy: DecodeStrategy = DecodeStrategy.GREEDY
     beam_size: int = Field(default=5, ge=1)
     length_penalty: float = Field(default=0.0, ge=0.0)
     min_length: int = Field(default=0, ge=0)
@@ -64,7 +57,7 @@ class DecodeConfig(BaseModel):
     def _check(self) -> DecodeConfig:
         if self.min_length > self.max_length:
             raise ValueError("min_length: must not exceed max_length")
-        if self.strategy == Strategy.TOP_K and self.top_k < 1:
+        if self.strategy == DecodeStrategy.TOP_K and self.top_k < 1:
             raise ValueError("top_k: strategy top_k needs top_k >= 1")
         return self
 
@@ -107,7 +100,7 @@ def generate(model: Seq2SeqModel, batch: GenerateBatch, config: DecodeConfig) ->
         ):
             torch.manual_seed(config.seed)
             memory = model.encode(batch)
-            search = _beam_search if config.strategy == Strategy.BEAM else _sample
+            search = _beam_search if config.strategy == DecodeStrategy.BEAM else _sample
             return search(model, memory, batch.batch_size, device, config)
     finally:
         model.train(was_training)
@@ -198,7 +191,7 @@ def _sample(
         blocked = _blocked(prefix, logits.shape[-1], config)
         logp = logits.log_softmax(-1).masked_fill(blocked, float("-inf"))
         logits = logits.masked_fill(blocked, float("-inf"))
-        if config.strategy == Strategy.GREEDY:
+        if config.strategy == DecodeStrategy.GREEDY:
             token = logp.argmax(-1)
         else:
             probs = _filter(logits, config).softmax(-1)

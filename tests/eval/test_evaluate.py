@@ -22,10 +22,10 @@ from pipeline.artifacts import (
     read_examples,
     read_train,
 )
-from pipeline.config import ConfigError, parse_params
+from pipeline.config import ConfigError, DecodeStrategy, parse_params
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.tokenize import tokenize_corpus
-from pipeline.decode import DecodeConfig, Strategy, generate
+from pipeline.decode import DecodeConfig, generate
 from pipeline.eval import text
 from pipeline.eval.evaluate import EvalSettings, aggregate, decode_label, evaluate_run
 from pipeline.eval.ranking import first_correct_ranks
@@ -180,7 +180,7 @@ def test_generate_metrics_match_direct_computation(project):
     # greedy and beam hypotheses are what generate() gives; BLEU/distinct recomputed
     vocab = load_vocab(project / "data" / "shards" / "chitchat")
     for suffix, config in (("", DecodeConfig(max_length=10)),
-                           ("_beam3", DecodeConfig(strategy=Strategy.BEAM, beam_size=3,
+                           ("_beam3", DecodeConfig(strategy=DecodeStrategy.BEAM, beam_size=3,
                                                    min_length=2, max_length=10))):  # fmt: skip
         out_ids = generate(model, test.collate([test[0], test[1]]), config)
         first = [
