@@ -44,7 +44,7 @@ from pipeline.models.base import AttentionModelConfig, LossOutput, Seq2SeqModel,
 from pipeline.models.layers import (
     Decoder,
     DecoderCache,
-    EncoderLayer,
+    EncoderStack,
     SinusoidalPositions,
     TokenEmbedding,
     TokenGroups,
@@ -182,18 +182,19 @@ class HTEncoder(nn.Module):
         super().__init__()
         self.embed = embed
         self.positions = SinusoidalPositions(d_model)
-        self.utterance_layers = nn.ModuleList(
-            EncoderLayer(
-                d_model, n_heads, d_ff, dropout, d_head, attention_dropout=attention_dropout
-            )
-            for _ in range(n_utterance_layers)
+        self.utterance_layers = EncoderStack(
+            n_utterance_layers,
+            d_model,
+            n_heads,
+            d_ff,
+            dropout,
+            d_head,
+            attention_dropout=attention_dropout,
         )
-        self.context_layers = nn.ModuleList(
-            EncoderLayer(
-                d_model, n_heads, d_ff, dropout, d_head, attention_dropout=attention_dropout
-            )
-            for _ in range(n_context_layers)
-        )
+        self.context_layers = EncoderStack(
+            n_context_layers, d_model, n_heads, d_ff, dropout, d_head,
+            attention_dropout=attention_dropout,
+        )  # fmt: skip
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, history: History, ut: EncoderAttention, ct: EncoderAttention) -> Tensor:
@@ -222,9 +223,7 @@ def run_stack(
     """``layers`` over ``x`` ``[B, L, d]``: masked, or on the real tokens ``real`` ``[B, L]``
     when ``attention`` is given as token groups (zeros at padding on the way out)."""
     if attention is None or isinstance(attention, Tensor):
-        for layer in layers:
-            x = layer(x, mask=attention)
-        return x
+        return layers(x, attention)
     if real is None:
         raise ValueError("token-group attention needs the real-token mask `real`")
     tokens = x[real]

@@ -374,6 +374,44 @@ class EncoderLayer(nn.Module):
         return self.norm_ffn(x + self.dropout(self.ffn(x)))
 
 
+class EncoderStack(nn.ModuleList):
+    """``n_layers`` post-norm :class:`EncoderLayer` s of one block size: THE encoder stack of
+    every Transformer-family model (the flat encoder, the HT-Encoder's utterance and context
+    stages, the rankers' sequence encoder, the LM stacks). Callers add positions and
+    dropout; ``forward`` runs the layers under one mask, or causally, zeroing padding
+    between layers where ``keep`` ``[B, L, 1]`` says. A ``ModuleList``, so state-dict keys
+    are ``<name>.<i>.*`` as for a plain list of layers."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.1,
+        d_head: int | None = None,
+        congruent: bool = False,
+        attention_dropout: float | None = None,
+    ) -> None:
+        super().__init__(
+            EncoderLayer(d_model, n_heads, d_ff, dropout, d_head, congruent, attention_dropout)
+            for _ in range(n_layers)
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        keep: Tensor | None = None,
+    ) -> Tensor:
+        for layer in self:
+            x = layer(x, mask=mask, causal=causal)
+            if keep is not None:
+                x = x * keep
+        return x
+
+
 class DecoderLayer(nn.Module):
     """Post-norm decoder layer: causal self-attention, cross-attention, FFN (dropouts as
     in ``EncoderLayer``)."""

@@ -42,7 +42,7 @@ from pipeline.models.base import (
     example_loss,
 )
 from pipeline.models.layers import (
-    EncoderLayer,
+    EncoderStack,
     MultiHeadAttention,
     SegmentEmbedding,
     SinusoidalPositions,
@@ -194,9 +194,8 @@ class SequenceEncoder(nn.Module):
         # The paper prepends a speaker token to each utterance; an embedding of the
         # speaker id (0 pad, 1 self, 2 other) carries the same information.
         self.speaker = SegmentEmbedding(3, d_model, padding_idx=0) if speaker_embedding else None
-        self.layers = nn.ModuleList(
-            EncoderLayer(d_model, n_heads, d_ff, dropout, attention_dropout=attention_dropout)
-            for _ in range(n_layers)
+        self.layers = EncoderStack(
+            n_layers, d_model, n_heads, d_ff, dropout, attention_dropout=attention_dropout
         )
         self.dropout = nn.Dropout(dropout)
 
@@ -230,10 +229,7 @@ class SequenceEncoder(nn.Module):
         if self.speaker is not None and speaker is not None:
             x = x + self.speaker(speaker)
         x = self.dropout(x)
-        attn_mask = padding_mask(mask)
-        for layer in self.layers:
-            x = layer(x, attn_mask)
-        return x
+        return self.layers(x, padding_mask(mask))
 
 
 def encode_candidates(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from pipeline.models.layers import EncoderLayer, SinusoidalPositions, padding_mask
+from pipeline.models.layers import EncoderStack, SinusoidalPositions, padding_mask
 
 
 class Stack(nn.Module):
@@ -31,16 +31,14 @@ class Stack(nn.Module):
         self.causal = causal
         self.positions = SinusoidalPositions(d_model)
         self.dropout = nn.Dropout(dropout)
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                d_model,
-                n_heads,
-                d_ff,
-                dropout,
-                congruent=congruent,
-                attention_dropout=attention_dropout,
-            )
-            for _ in range(n_layers)
+        self.layers = EncoderStack(
+            n_layers,
+            d_model,
+            n_heads,
+            d_ff,
+            dropout,
+            congruent=congruent,
+            attention_dropout=attention_dropout,
         )
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -51,9 +49,7 @@ class Stack(nn.Module):
         """
         x = self.dropout(x + self.positions.range(x.shape[1], x.device))
         attn_mask = None if mask is None else padding_mask(mask)
-        for layer in self.layers:
-            x = layer(x, mask=attn_mask, causal=self.causal)
-        return x
+        return self.layers(x, attn_mask, causal=self.causal)
 
 
 def extent(mask: Tensor) -> int:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from pipeline.config import Task
 from pipeline.models.base import AttentionModelConfig
 from pipeline.models.layers import (
-    EncoderLayer,
+    EncoderStack,
     padding_mask,
 )
 from pipeline.models.registry import register
@@ -69,19 +69,12 @@ class TransformerEncoder(nn.Module):
         attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(
-            EncoderLayer(
-                d_model, n_heads, d_ff, dropout, d_head, attention_dropout=attention_dropout
-            )
-            for _ in range(n_layers)
+        self.layers = EncoderStack(
+            n_layers, d_model, n_heads, d_ff, dropout, d_head, attention_dropout=attention_dropout
         )
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        attn_mask = padding_mask(mask)
-        keep = mask.unsqueeze(-1)
-        for layer in self.layers:
-            x = layer(x, attn_mask) * keep
-        return x
+        return self.layers(x, padding_mask(mask), keep=mask.unsqueeze(-1))
 
 
 @register("adj_transformer", Task.GENERATE, AdjTransformerConfig)
