@@ -55,14 +55,8 @@ class HighwayRecurrentTransformer(RankingModel):
         self.config = config
         c = config
         self.encoder = SequenceEncoder.from_config(c)
-        self.highway = HighwayAttention(
-            c.d_model, c.n_heads, c.attention_dropout_p, c.highway_formula
-        )
-        self.recurrence = (
-            self.highway
-            if c.shared_highway
-            else HighwayAttention(c.d_model, c.n_heads, c.attention_dropout_p, c.highway_formula)
-        )
+        self.highway = HighwayAttention.from_config(c)
+        self.recurrence = self.highway if c.shared_highway else HighwayAttention.from_config(c)
 
     def encode_context(
         self, history: History, knowledge: Tensor | None = None

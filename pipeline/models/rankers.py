@@ -176,9 +176,7 @@ class TransformerRanker(RankingModel):
         self.config = config
         c = config
         self.encoder = SequenceEncoder.from_config(c)
-        self.highway = HighwayAttention(
-            c.d_model, c.n_heads, c.attention_dropout_p, c.highway_formula
-        )
+        self.highway = HighwayAttention.from_config(c)
 
     def encode_context(self, batch: SelectBatch) -> tuple[Tensor, Tensor]:
         """``[B, L, d]`` and its mask."""

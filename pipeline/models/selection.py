@@ -318,6 +318,11 @@ class HighwayAttention(nn.Module):
         w_self = self_scores * (-log_norm.squeeze(-1)).exp()
         return w_keys, w_self, values, self_values
 
+    @classmethod
+    def from_config(cls, c: TransformerSelectConfig) -> HighwayAttention:
+        """The highway attention a Transformer ranker's config describes."""
+        return cls(c.d_model, c.n_heads, c.attention_dropout_p, c.highway_formula)
+
     def forward(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> Tensor:
         """``query`` ``[B, Lq, d]`` attends to ``keys`` ``[B, Lk, d]`` and itself ->
         ``[B, Lq, d]``."""
