@@ -67,8 +67,12 @@ def _extract_tar(archive: Path, into: Path) -> None:
                     )
             elif not (member.isfile() or member.isdir()):
                 raise DataError(archive, f"refusing member {member.name!r}: device file or FIFO")
-        # The "data" filter re-checks every member against the real file system.
-        tf.extractall(into, members=members, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            # The "data" filter (Python >= 3.11.4, PEP 706) re-checks every member against
+            # the real file system.
+            tf.extractall(into, members=members, filter="data")
+        else:  # an older 3.11: the member checks above are the defence
+            tf.extractall(into, members=members)
 
 
 def _escaping_links(root: Path) -> list[str]:
