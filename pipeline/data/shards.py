@@ -8,7 +8,7 @@ Layout of a tokenized corpus folder::
     <root>/<task>/<split>-00000.arrow Arrow IPC files (Feather v2), ~shard_rows rows each
     <root>/select/<split>-pool.arrow  the distinct candidates the select rows refer to
 
-Columns are the fields of the example records (``examples.py``): ``dialogue_id``
+Columns are the fields of the example records (``records.py``): ``dialogue_id``
 string, ``turn`` int32, arrays as ``list<int32>`` (``list<int8>`` for labels and flags),
 lists of arrays as ``list<list<...>>``; a field that is None for every example is left
 out. Select rows store ``candidate_refs`` (``list<int32>``) into the split's candidate
