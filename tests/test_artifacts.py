@@ -32,6 +32,7 @@ from pipeline.artifacts import (
     read_train,
     save_model,
     write_examples,
+    write_json,
     write_metrics,
 )
 from pipeline.errors import DataError
@@ -164,3 +165,9 @@ def test_load_model_is_the_exported_model_and_names_bad_files(tmp_path):
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(DataError, match=r"model\.pt: not a readable checkpoint"):
         load_model(path)
+
+
+def test_json_outputs_are_written_atomically(tmp_path):
+    path = write_json(tmp_path / "out" / "best.json", {"b": 1, "a": [1, 2]})
+    assert path.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
+    assert [p.name for p in path.parent.iterdir()] == ["best.json"]  # no temp file left

@@ -9,7 +9,6 @@ either the previous checkpoint or the new one, never a torn file.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -82,13 +81,3 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def cpu_state(module_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A detached CPU copy of a ``state_dict`` (the best weights kept while training goes on)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in module_state.items()}
-
-
-def write_json(path: str | Path, content: dict[str, Any]) -> Path:
-    """Write a small JSON output (manifest, tune result) atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(content, indent=2, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    return path

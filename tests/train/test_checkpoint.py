@@ -7,7 +7,7 @@ import torch
 
 from pipeline.errors import DataError
 from pipeline.train import checkpoint as ckpt
-from pipeline.train.checkpoint import Progress, load_checkpoint, save_checkpoint, write_json
+from pipeline.train.checkpoint import Progress, load_checkpoint, save_checkpoint
 
 
 def test_roundtrip_with_progress_and_tensors(tmp_path):
@@ -54,9 +54,3 @@ def test_loading_refuses_pickled_code_and_foreign_files(tmp_path):
         load_checkpoint(tmp_path / "torn.pt")
     with pytest.raises(DataError, match="checkpoint not found"):
         load_checkpoint(tmp_path / "missing.pt")
-
-
-def test_write_json_is_atomic(tmp_path):
-    path = write_json(tmp_path / "out" / "best.json", {"b": 1, "a": [1, 2]})
-    assert path.read_text() == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}\n'
-    assert [p.name for p in path.parent.iterdir()] == ["best.json"]
