@@ -97,7 +97,12 @@ def check_equal(dialogues: list[Dialogue], vocab: Vocab, p: GenerateParams, out:
     files = write_shards(out, Task.GENERATE, "train", table_, len(table_))
     shards = {"generate": {"train": files.shards}}
     record = TokenizeRecord(
-        corpus="bench", vocab_hash=vocab.content_hash, vocab_size=len(vocab), shards=shards
+        corpus="bench",
+        vocab_hash=vocab.content_hash,
+        vocab_size=len(vocab),
+        vocab_words=len(vocab),
+        shards=shards,
+        target_tokens={"generate": {"train": table_.scored_tokens()}},
     )
     write_manifest(out, record)
     ours = ShardTable(out, Task.GENERATE, "train")

@@ -231,18 +231,26 @@ class TokenizeRecord(Record):
     folder without one is incomplete.
 
     ``shards[task][split]`` lists a split's files, ``pools[split]`` its select candidate
-    pool; ``n_acts``/``act_names`` the act inventory (MultiWOZ) the act vectors index;
+    pool; ``vocab_words`` the vocabulary's word types (``<unk>`` and ``<eos>`` included,
+    the model-only specials ``<pad> <bos> <sep>`` not: Mikolov's PTB gives 10,000);
+    ``target_tokens[task][split]`` the tokens a model is scored on (``ExampleTable.
+    scored_tokens``: what a perplexity averages over); ``n_acts``/``act_names`` the act
+    inventory (MultiWOZ) the act vectors index;
     ``skipped`` counts what was left out; ``sources`` the download record of the raw
     files (None for a corpus read without a download); ``params`` the settings the
     examples were built with.
     """
 
     WRITTEN_BY: ClassVar[str] = "tokenize"
+    SCHEMA_VERSION: ClassVar[int] = 2  # 1: no vocab_words, no target_tokens
+    schema_version: int = 2
 
     corpus: str
     vocab_hash: str
     vocab_size: int
+    vocab_words: int
     shards: dict[str, dict[str, list[ShardFile]]]
+    target_tokens: dict[str, dict[str, int]]
     pools: dict[str, ShardFile] = {}
     n_acts: int | None = None
     act_names: list[str] | None = None

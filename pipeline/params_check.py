@@ -198,7 +198,7 @@ def _planned_sizes(params: Params, corpus: str) -> DataSizes:
     from pipeline.data.corpora import corpus_spec
 
     acts = _ANY_ACTS if corpus_spec(str(corpus)).task_oriented else None
-    return DataSizes(params.corpus(corpus).vocab.size, acts)
+    return DataSizes(params.corpus(corpus).vocab.size or _ANY_VOCAB, acts)
 
 
 def _model_overrides(params: Params, model: str) -> dict[str, Any]:

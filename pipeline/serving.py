@@ -52,7 +52,7 @@ class ServingSpec:
     max_utterances: int = 10
     max_response: int = 30
     max_candidate: int = 30
-    max_sentence: int = 50
+    max_sentence: int | None = 50
 
 
 # --------------------------------------------------------------------------- text -> batch
@@ -60,6 +60,11 @@ class ServingSpec:
 
 def _utterance(vocab: Vocab, text: str, limit: int) -> list[int]:
     return [BOS_ID, *vocab.encode(text)[: max(limit - 2, 1)], EOS_ID]
+
+
+def _sentence_words(max_sentence: int | None) -> int | None:
+    """Words kept of a sentence of at most ``max_sentence`` tokens with its ``<eos>``."""
+    return None if max_sentence is None else max_sentence - 1
 
 
 def encode_histories(
@@ -131,7 +136,8 @@ def select_batch(
 
 def lm_batch(documents: Sequence[Sequence[str]], vocab: Vocab, spec: ServingSpec) -> LMBatch:
     docs = [
-        [[*vocab.encode(s)[: spec.max_sentence - 1], EOS_ID] for s in doc] or [[EOS_ID]]
+        [[*vocab.encode(s)[: _sentence_words(spec.max_sentence)], EOS_ID] for s in doc]
+        or [[EOS_ID]]
         for doc in documents
     ]
     n_sent = max(len(d) for d in docs)

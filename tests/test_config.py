@@ -40,7 +40,7 @@ def _with(raw: dict, dotted: str, value: object) -> dict:
     ("key", "value", "reason"),
     [
         ("tokenize.corpora.chitchat.generate.max_history", 0, "greater than 0"),
-        ("tokenize.corpora.chitchat.vocab.kind", "chars", "'word' or 'bpe'"),
+        ("tokenize.corpora.chitchat.vocab.kind", "chars", "'word', 'bpe' or 'whitespace'"),
         ("tokenize.corpora.chitchat.vocab.size", "big", "valid integer"),
         ("tokenize.on_error", "ignore", "'raise' or 'skip'"),
         ("download.retries", -1, "greater than or equal to 0"),

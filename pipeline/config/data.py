@@ -42,8 +42,13 @@ class SplitParams(Section):
 
 
 class VocabParams(Section):
-    kind: Literal["word", "bpe"] = "word"
-    size: int = Field(default=20000, ge=16)
+    """``kind``: ``word`` (regex words, punctuation split off), ``bpe``, or ``whitespace``
+    for text a corpus ships tokenised (Mikolov's PTB: split on spaces only, its ``<unk>``
+    the unknown word). ``size``: at most this many tokens, special ones included; ``null``:
+    every training type seen ``min_freq`` times."""
+
+    kind: Literal["word", "bpe", "whitespace"] = "word"
+    size: int | None = Field(default=20000, ge=16)
     min_freq: int = Field(default=1, ge=1)
     lowercase: bool = True
 
@@ -62,8 +67,11 @@ class SelectParams(Section):
 
 
 class LMParams(Section):
+    """``max_sentence``: tokens kept per sentence (its ``<eos>`` included); ``null`` keeps
+    every token (PTB's convention: no sentence is cut)."""
+
     sentences_per_document: int = Field(default=10, gt=0)
-    max_sentence: int = Field(default=50, gt=0)
+    max_sentence: int | None = Field(default=50, gt=1)
 
 
 class Task(enum.StrEnum):

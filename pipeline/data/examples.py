@@ -330,8 +330,9 @@ def build_lm(dialogues: Sequence[EncodedDialogue], params: LMParams) -> ExampleT
     return ExampleTable(LMExample, columns, len(ids))
 
 
-def _sentence(words: np.ndarray, limit: int) -> np.ndarray:
-    """``w.. <eos>``, at most ``limit`` tokens."""
-    out = np.empty(min(len(words), limit - 1) + 1, dtype=INT)
+def _sentence(words: np.ndarray, limit: int | None) -> np.ndarray:
+    """``w.. <eos>``, at most ``limit`` tokens (all of them if None)."""
+    kept = len(words) if limit is None else min(len(words), limit - 1)
+    out = np.empty(kept + 1, dtype=INT)
     out[:-1], out[-1] = words[: len(out) - 1], EOS_ID
     return out

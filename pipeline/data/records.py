@@ -248,6 +248,23 @@ class ExampleTable(Sequence):
     def __len__(self) -> int:
         return self.length
 
+    def scored_tokens(self) -> int:
+        """The target tokens a model of this task is scored on, over the whole table:
+        generate, each response after its ``<bos>`` (``<eos>`` included); lm, every
+        sentence token (each sentence's ``<eos>`` included); select, none (it scores
+        candidates)."""
+        if self.length == 0:
+            return 0
+        if self.kind is GenerateExample:
+            target = self.columns["target_ids"]
+            assert isinstance(target, Packed)
+            return int(target.lengths.sum()) - self.length
+        if self.kind is LMExample:
+            sentences = self.columns["sentences"]
+            assert isinstance(sentences, Nested)
+            return int(sentences.pool.lengths[sentences.all_refs()].sum())
+        return 0
+
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             start, stop, step = i.indices(self.length)

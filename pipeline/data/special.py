@@ -11,6 +11,9 @@ EOS: Final = "<eos>"
 SEP: Final = "<sep>"
 
 SPECIAL_TOKENS: Final = (PAD, UNK, BOS, EOS, SEP)
+# Tokens only models use (padding, start, separator): not words of the corpus, unlike <unk>
+# and <eos>, which corpora such as PTB count in their vocabulary.
+MODEL_ONLY_TOKENS: Final = frozenset({PAD, BOS, SEP})
 PAD_ID: Final = 0
 UNK_ID: Final = 1
 BOS_ID: Final = 2

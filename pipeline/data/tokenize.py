@@ -29,6 +29,7 @@ from pipeline.data.examples import build_generate, build_lm, build_select
 from pipeline.data.formats import ParseStats, multiwoz
 from pipeline.data.records import ExampleTable
 from pipeline.data.shards import write_manifest, write_shards
+from pipeline.data.special import MODEL_ONLY_TOKENS
 from pipeline.data.splits import Split
 from pipeline.data.vocab import build_vocab
 from pipeline.errors import ConfigError, DataError
@@ -156,6 +157,7 @@ def tokenize_corpus(
         if options.inventory is not None:
             options.inventory.save(out / ACTS_FILE)
         shards: dict[str, dict[str, list[ShardFile]]] = {t.value: {} for t in tasks}
+        target_tokens: dict[str, dict[str, int]] = {t.value: {} for t in tasks}
         pools: dict[str, ShardFile] = {}
         for split, dialogues in by_split.items():
             advance(f"encoding {split} ({len(dialogues):,} dialogues)")
@@ -169,6 +171,7 @@ def tokenize_corpus(
                     raise ConfigError(f"tokenize.corpora.{name}.{err.key}", err.reason) from None
                 if task is Task.GENERATE:
                     generated = examples
+                target_tokens[task.value][split] = examples.scored_tokens()
                 files = write_shards(out, task, split, examples, params.shard_rows)
                 shards[task.value][split] = files.shards
                 if files.pool is not None:
@@ -183,7 +186,9 @@ def tokenize_corpus(
         corpus=name,
         vocab_hash=vocab.content_hash,
         vocab_size=len(vocab),
+        vocab_words=sum(t not in MODEL_ONLY_TOKENS for t in vocab.tokens),
         shards=shards,
+        target_tokens=target_tokens,
         pools=pools,
         n_acts=len(inventory) if inventory is not None else None,
         act_names=list(inventory.names) if inventory is not None else None,

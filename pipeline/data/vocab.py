@@ -1,8 +1,10 @@
 """Vocabularies: text <-> token ids, with the special tokens of ``special.py`` first.
 
-Two kinds share one interface. ``word``: a regex word tokenizer (punctuation split off,
-optional lower-casing) and the most frequent training words. ``bpe``: a byte-pair
-encoding trained with HF ``tokenizers`` on the same text. Either way a vocabulary is
+Three kinds share one interface. ``word``: a regex word tokenizer (punctuation split off,
+optional lower-casing) and the most frequent training words. ``whitespace``: the same for
+text that is already tokenised (split on spaces only: Mikolov's PTB, whose ``<unk>`` is the
+special unknown word). ``bpe``: a byte-pair encoding trained with HF ``tokenizers`` on the
+same text. Either way a vocabulary is
 built from the TRAINING split only, and ``content_hash`` identifies it in manifests.
 """
 
@@ -66,7 +68,7 @@ class Vocab:
     def __init__(
         self,
         tokens: Sequence[str],
-        kind: Literal["word", "bpe"] = "word",
+        kind: Literal["word", "bpe", "whitespace"] = "word",
         lowercase: bool = True,
         bpe_json: str | None = None,
     ) -> None:
@@ -113,7 +115,12 @@ class Vocab:
         if self._bpe is not None:
             return self._bpe.encode(text, add_special_tokens=False).ids
         get = self._stoi.get
-        return [get(w, UNK_ID) for w in word_tokenize(text, self.lowercase)]
+        return [get(w, UNK_ID) for w in self._words(text)]
+
+    def _words(self, text: str) -> list[str]:
+        if self.kind == "whitespace":
+            return (text.lower() if self.lowercase else text).split()
+        return word_tokenize(text, self.lowercase)
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """``encode`` of every text as int32 arrays, much faster than one by one.
@@ -126,6 +133,9 @@ class Vocab:
             return [np.array(e.ids, dtype=np.int32) for e in encoded]
         if not texts:
             return []
+        if self.kind == "whitespace":
+            lookup = _Lookup(self._stoi)
+            return [np.array([lookup[w] for w in self._words(t)], dtype=np.int32) for t in texts]
         joined = _SEPARATOR.join(t.replace(_SEPARATOR, " ") for t in texts)
         tokens = _WORD_RE.findall(joined.lower() if self.lowercase else joined)
         lookup = _Lookup(self._stoi)
@@ -195,30 +205,35 @@ class Vocab:
 
 
 def build_vocab(texts: Iterable[str], params: VocabParams, reserved: Sequence[str] = ()) -> Vocab:
-    """A vocabulary of at most ``params.size`` tokens from (training) ``texts``.
+    """A vocabulary of at most ``params.size`` tokens (every type if None) from (training)
+    ``texts``.
 
     ``reserved`` tokens (delexicalisation placeholders) always get ids, right after the
     special tokens, and are never split. Word kind: the most frequent words with at least
     ``min_freq`` occurrences, ties broken by the word itself.
     """
     reserved = tuple(dict.fromkeys(t for t in reserved if t not in SPECIAL_TOKENS))
-    room = params.size - len(SPECIAL_TOKENS) - len(reserved)
+    size = params.size if params.size is not None else 2**62
+    room = size - len(SPECIAL_TOKENS) - len(reserved)
     if room < 0:
         raise ValueError(
             f"vocab size {params.size} leaves no room for {len(reserved)} reserved tokens"
         )
     if params.kind == "bpe":
         return _build_bpe(texts, params, reserved)
-    # One regex pass over all the text (much faster than one call per text).
+    # One pass over all the text (much faster than one call per text).
     joined = "\n".join(texts)
-    counts = Counter(word_tokenize(joined, params.lowercase))
+    if params.kind == "whitespace":
+        counts = Counter((joined.lower() if params.lowercase else joined).split())
+    else:
+        counts = Counter(word_tokenize(joined, params.lowercase))
     for token in (*SPECIAL_TOKENS, *reserved):
         counts.pop(token, None)
     # Count descending, then the token itself: the result is a function of the text alone.
     ranked = sorted(
         (t for t, c in counts.items() if c >= params.min_freq), key=lambda t: (-counts[t], t)
     )
-    return Vocab([*SPECIAL_TOKENS, *reserved, *ranked[:room]], "word", params.lowercase)
+    return Vocab([*SPECIAL_TOKENS, *reserved, *ranked[:room]], params.kind, params.lowercase)
 
 
 def _build_bpe(texts: Iterable[str], params: VocabParams, reserved: tuple[str, ...]) -> Vocab:

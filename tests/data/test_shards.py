@@ -91,7 +91,13 @@ def write(root: Path, task: Task, tables: dict[str, ExampleTable | list], rows: 
         if files.pool is not None:
             pools[split] = files.pool
     record = TokenizeRecord(
-        corpus="test", vocab_hash="hash", vocab_size=50, shards={task.value: shards}, pools=pools
+        corpus="test",
+        vocab_hash="hash",
+        vocab_size=50,
+        vocab_words=47,
+        shards={task.value: shards},
+        target_tokens={task.value: {}},
+        pools=pools,
     )
     write_manifest(root, record)
 
@@ -252,7 +258,7 @@ def test_manifest_round_trip_and_version_check(written: Path) -> None:
     assert manifest.counts == {"generate": {"train": 7}}
     assert manifest.rows("generate", "train") == 7 and manifest.rows("lm", "train") == 0
     path = written / MANIFEST_FILE
-    path.write_text(path.read_text().replace('"schema_version": 1', '"schema_version": 99'))
+    path.write_text(path.read_text().replace('"schema_version": 2', '"schema_version": 99'))
     with pytest.raises(DataError, match="schema version 99"):
         read_manifest(written)
     path.write_text("[]")
