@@ -1,4 +1,5 @@
-"""``python -m pipeline``: the ``chat``, ``rank`` and ``sync-mlflow`` commands (``cli``)."""
+"""``python -m pipeline``: the ``chat``, ``rank``, ``sync-mlflow`` and ``score`` commands
+(``cli``)."""
 
 from __future__ import annotations
 

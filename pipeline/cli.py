@@ -5,6 +5,7 @@
     python -m pipeline rank --run <key> --context "a|b|c" --candidates "x|y|z"
     python -m pipeline rank --run <key> --input file.json   # {"context": [..], "candidates": [..]}
     python -m pipeline sync-mlflow [--to URI]   # fallback runs -> the server (tracking_sync)
+    python -m pipeline score multiwoz --predictions FILE.json --data DIR   # (multiwoz_score)
 
 A run's model is the pyfunc registered in MLflow (the version its train manifest names),
 or its local checkpoint when MLflow has none (or with ``--local``). ``chat`` reads user
@@ -31,6 +32,7 @@ from typing import Any
 from pipeline import tracking_sync
 from pipeline.artifacts import VOCAB_FILE, Layout, TrainRecord, read_train
 from pipeline.errors import ConfigError, DataError, HiertxError
+from pipeline.eval import multiwoz_score
 
 RESET = "/reset"
 EMPTY_REPLY = "(empty reply)"  # what chat prints for a response with no tokens
@@ -230,6 +232,7 @@ def parser() -> argparse.ArgumentParser:
     rank_args.add_argument("--candidates", default="", help='"x|y|z"')
     rank_args.add_argument("--input", help='JSON file {"context": [..], "candidates": [..]}')
     tracking_sync.add_parser(commands)
+    multiwoz_score.add_parser(commands)
     return top
 
 
@@ -238,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == tracking_sync.COMMAND:
             return tracking_sync.run_command(args)
+        if args.command == multiwoz_score.COMMAND:
+            return multiwoz_score.run_command(args)
         return chat(args) if args.command == "chat" else rank(args)
     except HiertxError as err:
         print(f"{args.command}: {err}", file=sys.stderr)

@@ -11,13 +11,16 @@ class Turn:
     """One speaker turn.
 
     ``acts`` maps a dialogue act (``"Hotel-Inform"``) to its ``[slot, value]`` pairs
-    (MultiWOZ); ``belief`` is the belief state after the turn as ``{"domain-slot": value}``.
+    (MultiWOZ); ``belief`` is the belief state after the turn as ``{"domain-slot": value}``;
+    ``booked`` the domains whose booking the system has made by this turn (MultiWOZ system
+    turns: what the scorers' booking checks read).
     """
 
     speaker: str
     text: str
     acts: dict[str, list[list[str]]] | None = None
     belief: dict[str, str] | None = None
+    booked: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

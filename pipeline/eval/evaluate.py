@@ -298,9 +298,13 @@ def decode_label(suffix: str) -> str:
 def multiwoz_metrics(
     ids: Sequence[str], hyps: Sequence[str], refs: Sequence[str], dialogues: Any, db: Any
 ) -> dict[str, float]:
-    """Inform, Success, Entity-F1 and Combined over the test dialogues whose every system
-    turn was evaluated (a ``max_batches`` cut leaves the last dialogue partial)."""
-    from pipeline.eval.multiwoz import multiwoz_scores, system_turns
+    """Inform, Success, Entity-F1 and Combined (the official scheme the HT-Encoder paper
+    reports, ``eval.multiwoz``) and Inform/Success in the standardized scheme of the
+    field's current table (``*_standardized``, ``eval.multiwoz_standard``: ground-truth
+    states, domains from the placeholders or the state) over the test dialogues whose every
+    system turn was evaluated (a ``max_batches`` cut leaves the last dialogue partial)."""
+    from pipeline.eval.multiwoz import multiwoz_scores, official_responses, system_turns
+    from pipeline.eval.multiwoz_standard import Prediction, standardized_rates
 
     by_dialogue: dict[str, dict[int, tuple[str, str]]] = {}
     for example, hyp, ref in zip(ids, hyps, refs, strict=True):
@@ -319,11 +323,21 @@ def multiwoz_metrics(
             "data/raw", "no test dialogue was evaluated whole; raise evaluate.max_batches"
         )
     scores = multiwoz_scores(dialogues, responses, references, db)
+    standardized = standardized_rates(
+        known,
+        {
+            did: [Prediction(r) for r in official_responses(known[did], generated)]
+            for did, generated in responses.items()
+        },
+        db,
+    )
     return {
         "inform": scores.inform,
         "success": scores.success,
         "entity_f1": scores.entity_f1,
         "combined": scores.combined,
+        "inform_standardized": standardized.inform,
+        "success_standardized": standardized.success,
     }
 
 

@@ -10,40 +10,44 @@ delexicalised response per system turn:
   goal is non-empty. Its requested slots are the goal's ``reqt`` among phone, address,
   postcode, reference, id, plus ``reference`` when the goal books something; for trains only
   ``id`` (if ``trainID`` is requested) and ``reference`` (if booked).
-- Offered venue: when a response mentions ``[<domain>_name]`` (for trains ``[train_id]``),
-  the DB is queried with that turn's belief state of the domain (informable slots only;
-  ``leaveAt`` means "leaves after", ``arriveBy`` "arrives before", other slots equality;
-  ``dontcare`` values ignored). The offered venue becomes the FIRST match in DB order, unless
-  the previously offered venue still matches (the official code draws a random match: ours
-  is deterministic). No match leaves the offer unchanged.
+- Offered venue: when a response mentions ``[<domain>_name]``, or any ``_id`` (the official
+  test: a ``[train_id]`` offers a venue of EVERY goal domain), the DB is queried with that
+  turn's ground-truth belief state of the domain (informable slots only; ``leaveAt`` means
+  "leaves after", ``arriveBy`` "arrives before", other slots equality; ``dontcare`` values
+  ignored). The offered venue becomes the FIRST match in DB order unless the previously
+  offered venue still matches; no match leaves the offer unchanged.
 - Inform (per dialogue): every goal domain is informed. A restaurant/hotel/attraction/
   train domain is informed if its offered venue is among the DB entities satisfying the
   goal's ``info`` constraints, or automatically if the goal names the venue, or (trains)
   if nothing was offered and no train id was requested. Taxi, police and hospital always
   count as informed.
 - Success (per dialogue): Inform, and for every goal domain every requested slot has its
-  placeholder (``[<domain>_<slot>]``) in some response of the dialogue.
+  placeholder (``<domain>_<slot>]``) in some response of the dialogue. A reference counts
+  only where the official DB pointer allowed it: the first of ``restaurant_reference``,
+  ``hotel_reference``, ``train_reference`` in the response names the domain whose booking
+  must have been made at that turn (``Turn.booked``, the metadata the pointer was built
+  from) and be in the goal.
 
 Corpus Inform/Success are percentages of dialogues; Combined = BLEU + 0.5 (Inform +
-Success), all on a 0-100 scale.
+Success), all on a 0-100 scale. This is the scheme the HT-Encoder paper reports; the
+field's current table uses the standardized scheme (``multiwoz_standard``), which reads
+more delexicalisation styles and the predicted states. ``python -m pipeline score
+multiwoz`` gives both.
 
-Placeholders are ``[domain_slot]`` tokens. Both delexicalisation schemes in use are read:
-the official one (``[hotel_address]``, ``[hotel_postcode]``, ``[hotel_reference]``) and the
-act-based one of ``pipeline.data.examples.delexicalize`` (``[hotel_addr]``, ``[hotel_post]``,
-``[train_ref]``, and ``[booking_ref]``/``[booking_name]`` from ``Booking-*`` acts).
+Placeholders are read by the official substring tests after renaming the act-based ones of
+``pipeline.data.acts.delexicalize`` (``[hotel_addr]``, ``[hotel_post]``, ``[train_ref]``)
+to the official names (``official_placeholders``); ``[booking_*]`` (the act-based scheme has
+no domain on booking acts) becomes the placeholder of the goal domain(s) whose booking slots
+in the belief state changed most recently at or before that turn. The official evaluator's
+other styles (``[value_name]``) are not read: that is what the standardized scheme is for.
 
-Deviations from the official evaluator, each deliberate:
+Deviations from the official evaluator:
 
-- deterministic venue choice (above) instead of ``random.sample``;
-- a ``[train_id]`` only offers a train; the official code's ``'_id' in sentence`` test made
-  any ``*_id`` placeholder offer a venue of EVERY goal domain;
-- a reference counts whenever its placeholder appears; the official code also checked the
-  preprocessed data's DB pointer, which the raw releases do not carry;
-- ``[booking_*]`` placeholders (the act-based scheme has no domain on booking acts) count
-  for the goal domain(s) whose booking slots in the belief state changed most recently at
-  or before that turn (the active booking domain);
-- DB values are compared case- and space-insensitively, and times like ``9:15`` are
-  zero-padded before the official string comparison.
+- deterministic venue choice (above) instead of ``random.sample`` among the matches;
+- DB values are compared case- and space-insensitively and times like ``9:15`` are
+  zero-padded before the string comparison. The official query passes the belief value
+  through its text ``normalize``, which turns a time into the literal ``[value_time]``, so
+  its time constraints compare against that string; ours compare the times.
 
 Entity-F1 (Wen et al. 2017, as reported by HIER) is micro-averaged over responses: for each
 generated/reference pair the SETS of placeholders are compared, and true positives, false
@@ -70,14 +74,10 @@ REQUESTABLES = ("phone", "address", "postcode", "reference", "id")
 BOOKING = "booking"
 SYSTEM = "system"
 
-# Placeholder slot names meaning each requestable: official scheme first, then act names.
-_SLOT_NAMES = {
-    "phone": frozenset({"phone"}),
-    "address": frozenset({"address", "addr"}),
-    "postcode": frozenset({"postcode", "post"}),
-    "reference": frozenset({"reference", "ref"}),
-    "id": frozenset({"id", "trainid"}),
-}
+# The act-based scheme's slot names that differ from the official placeholders'.
+_OFFICIAL_SLOT = {"addr": "address", "post": "postcode", "ref": "reference", "trainid": "id"}
+# The domains whose references the official evaluator checks against its booking pointer.
+_POINTER_DOMAINS = ("restaurant", "hotel", "train")
 _DONT_CARE = frozenset({"", "dontcare", "dont care", "don't care", "do n't care", "not mentioned"})
 _TIME_RE = re.compile(r"^(\d{1,2}):(\d{2})$")
 _AFTER, _BEFORE = "leaveat", "arriveby"
@@ -234,11 +234,6 @@ def placeholders(text: str) -> list[str]:
     return [w for w in word_tokenize(text) if is_placeholder(w)]
 
 
-def _split(placeholder: str) -> tuple[str, str]:
-    domain, _, slot = placeholder[1:-1].partition("_")
-    return domain, slot
-
-
 def _domain_beliefs(belief: Mapping[str, str] | None) -> dict[str, dict[str, dict[str, str]]]:
     """``{"hotel-area": "x", "hotel-book day": "y"}`` -> ``{hotel: {semi: {..}, book: {..}}}``."""
     out: dict[str, dict[str, dict[str, str]]] = {}
@@ -267,6 +262,32 @@ def _booking_domains(beliefs: Sequence[dict[str, dict[str, dict[str, str]]]]) ->
         active.append(set(current))
         previous = state
     return active
+
+
+_PLACEHOLDER_RE = re.compile(r"\[([a-z]+)_(\w+)\]")
+
+
+def official_placeholders(response: str, booking: set[str]) -> str:
+    """``response`` with the act-based placeholders of ``pipeline.data.acts.delexicalize``
+    renamed to the official ones (``[hotel_addr]`` -> ``[hotel_address]``, ``post`` ->
+    ``postcode``, ``ref`` -> ``reference``; ``[booking_x]`` -> ``[<d>_x]`` for each active
+    booking domain ``d``); official placeholders pass unchanged."""
+
+    def rename(match: re.Match[str]) -> str:
+        domain, slot = match.group(1), _OFFICIAL_SLOT.get(match.group(2), match.group(2))
+        if domain == BOOKING:
+            return " ".join(f"[{d}_{slot}]" for d in sorted(booking)) or match.group(0)
+        return f"[{domain}_{slot}]"
+
+    return _PLACEHOLDER_RE.sub(rename, response)
+
+
+def official_responses(dialogue: Dialogue, responses: Sequence[str]) -> list[str]:
+    """The responses to ``dialogue``'s system turns with official placeholder names
+    (:func:`official_placeholders`, each turn's active booking domains from the belief)."""
+    turns = [dialogue.turns[i] for i in system_turns(dialogue)]
+    booking = _booking_domains([_domain_beliefs(t.belief) for t in turns])
+    return [official_placeholders(r, b) for r, b in zip(responses, booking, strict=False)]
 
 
 @dataclass(frozen=True)
@@ -312,9 +333,10 @@ def _informed(goal: DomainGoal, venue: int | None, db: MultiWozDB) -> bool:
 def evaluate_dialogue(
     dialogue: Dialogue, responses: Sequence[str], db: MultiWozDB
 ) -> DialogueOutcome:
-    """Inform and Success of the generated ``responses`` (one per system turn, in order)."""
+    """Inform and Success of the generated ``responses`` (one per system turn, in order;
+    fewer are scored over the first turns, as the official loop over generated turns)."""
     turns = [dialogue.turns[i] for i in system_turns(dialogue)]
-    if isinstance(responses, str) or len(responses) != len(turns):
+    if isinstance(responses, str) or len(responses) > len(turns):
         got = "one string" if isinstance(responses, str) else f"{len(responses)} responses"
         raise ValueError(
             f"dialogue {dialogue.id!r}: {got} for {len(turns)} system turns; "
@@ -322,25 +344,24 @@ def evaluate_dialogue(
         )
     goal = parse_goal(dialogue.meta.get("goal") or {})
     beliefs = [_domain_beliefs(t.belief) for t in turns]
-    booking = _booking_domains(beliefs)
     offered: dict[str, int | None] = dict.fromkeys(goal)
     provided: dict[str, set[str]] = {d: set() for d in goal}
-    for t, response in enumerate(responses):
-        mentions: set[tuple[str, str]] = set()
-        for placeholder in placeholders(response):
-            domain, slot = _split(placeholder)
-            targets = booking[t] if domain == BOOKING else {domain}
-            mentions.update((d, slot) for d in targets)
+    for t, sent in enumerate(official_responses(dialogue, responses)):
+        # the official booking pointer: the first of these references the response has
+        pointer = next((d for d in _POINTER_DOMAINS if f"{d}_reference" in sent), None)
         for domain in goal:
-            slots = {s for d, s in mentions if d == domain}
-            offers = "name" in slots or (domain == "train" and "id" in slots)
-            if offers and domain in DB_DOMAINS:
-                semi = beliefs[t].get(domain, {}).get("semi", {})
-                venues = db.query(domain, semi)
+            # official: a name of the domain, or ANY "_id", offers a venue of every domain
+            if (f"[{domain}_name]" in sent or "_id" in sent) and domain in DB_DOMAINS:
+                venues = db.query(domain, beliefs[t].get(domain, {}).get("semi", {}))
                 if venues and offered[domain] not in venues:
                     offered[domain] = venues[0]
-            for requestable, names in _SLOT_NAMES.items():
-                if slots & names:
+            for requestable in REQUESTABLES:
+                if requestable != "reference":
+                    if f"{domain}_{requestable}]" in sent:
+                        provided[domain].add(requestable)
+                elif f"{domain}_reference" in sent and (
+                    pointer is None or (pointer in goal and pointer in turns[t].booked)
+                ):
                     provided[domain].add(requestable)
     outcomes = tuple(
         DomainOutcome(

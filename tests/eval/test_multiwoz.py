@@ -24,6 +24,7 @@ from pipeline.eval.multiwoz import (
     evaluate_dialogue,
     inform_success,
     multiwoz_scores,
+    official_placeholders,
     parse_goal,
     placeholders,
     system_turns,
@@ -222,18 +223,39 @@ def test_booking_reference_before_any_booking_is_not_credited(dialogues, db):
     assert outcome.inform and not outcome.success
 
 
-def test_train_id_does_not_offer_other_domains(dialogues, db):
-    # the official evaluator's "'_id' in sentence" would offer a hotel here
+def test_any_id_offers_a_venue_of_every_goal_domain(dialogues, db):
+    # the official "'_id' in sentence": a train id offers the hotel its belief matches too
     responses = with_turn(HOTEL_TRAIN, 5, "the train is [train_id] .")
     responses = with_turn(responses, 6, "sorry .")
     outcome = evaluate_dialogue(dialogues[HOTEL_TRAIN_ID], responses, db)
-    assert {o.domain: o.offered for o in outcome.domains}["hotel"] is None
-    assert not outcome.inform
+    assert {o.domain: o.offered for o in outcome.domains}["hotel"] == 1
+    assert outcome.inform
 
 
-def test_response_count_must_match_system_turns(dialogues, db):
-    with pytest.raises(ValueError, match="3 responses for 4 system turns"):
-        evaluate_dialogue(dialogues[RESTAURANT_ID], GOOD[:3], db)
+def test_reference_counts_only_once_the_booking_is_made(dialogues, db):
+    # the official DB pointer: a hotel reference before the hotel's booking is not credited
+    assert [sorted(dialogues[HOTEL_TRAIN_ID].turns[i].booked) for i in (11, 15)] == [[], ["hotel"]]
+    early = with_turn(with_turn(HOTEL_TRAIN, 5, "[hotel_name] , ref [hotel_reference] ."), 7, "ok")
+    assert not evaluate_dialogue(dialogues[HOTEL_TRAIN_ID], early, db).success
+    late = with_turn(HOTEL_TRAIN, 7, "booked , the reference number is [hotel_reference] .")
+    assert evaluate_dialogue(dialogues[HOTEL_TRAIN_ID], late, db).success
+
+
+def test_act_based_placeholders_get_official_names():
+    assert official_placeholders("[hotel_addr] [hotel_post] [train_ref] [value_count]", set()) == (
+        "[hotel_address] [hotel_postcode] [train_reference] [value_count]"
+    )
+    assert official_placeholders("ref [booking_ref]", {"hotel", "train"}) == (
+        "ref [hotel_reference] [train_reference]"
+    )
+    assert official_placeholders("ref [booking_ref]", set()) == "ref [booking_ref]"
+
+
+def test_more_responses_than_system_turns_is_an_error(dialogues, db):
+    with pytest.raises(ValueError, match="5 responses for 4 system turns"):
+        evaluate_dialogue(dialogues[RESTAURANT_ID], [*GOOD, "extra"], db)
+    # fewer are scored over the first turns, as the official loop over generated turns
+    assert not evaluate_dialogue(dialogues[RESTAURANT_ID], GOOD[:2], db).success
 
 
 def test_corpus_rates(dialogues, db):

@@ -13,8 +13,10 @@ Two folder layouts are read:
 Turns alternate user/system. ``Turn.acts`` = ``{"Hotel-Inform": [["Area", "east"], ...]}``
 (None where the release has no annotation); ``Turn.belief`` on system turns is the
 ``metadata`` belief state flattened to ``{"hotel-area": "east", "hotel-book people": "2"}``
-(empty and ``not mentioned`` values skipped, ``booked`` lists left out). ``meta["goal"]``
-keeps the user goal. Dialogue ids drop the ``.json`` suffix of the official files.
+(empty and ``not mentioned`` values skipped); ``Turn.booked`` names the domains whose
+``booked`` list is non-empty there (a booking was made, with its reference; taxi bookings,
+which the scorers ignore, left out). ``meta["goal"]`` keeps the user goal. Dialogue ids
+drop the ``.json`` suffix of the official files.
 """
 
 from __future__ import annotations
@@ -85,6 +87,19 @@ def belief_state(metadata: dict[str, Any]) -> dict[str, str]:
     return belief
 
 
+def booked_domains(metadata: dict[str, Any]) -> frozenset[str]:
+    """The domains of a system turn's ``metadata`` with a booking made (a non-empty
+    ``book.booked`` list), taxi left out: the standardized evaluator's booked domains, which
+    equal these on every turn of the 2.1 test set (checked against its
+    ``booked_domains.json``), and the official evaluator's booking pointer."""
+    booked = set()
+    for domain, state in metadata.items():
+        book = state.get("book") if isinstance(state, dict) else None
+        if domain != "taxi" and isinstance(book, dict) and book.get("booked"):
+            booked.add(domain)
+    return frozenset(booked)
+
+
 def _dialogue(
     path: Path,
     did: str,
@@ -108,15 +123,15 @@ def _dialogue(
             acts = _acts(path, did, turn["dialog_act"])
         elif system_acts is not None and is_system:
             acts = _acts(path, did, system_acts.get(str(index // 2 + 1)))
-        belief = None
+        belief, booked = None, frozenset[str]()
         if is_system:
             metadata = turn.get("metadata")
             if not isinstance(metadata, dict):
                 raise DataError(
                     path, f"dialogue {did!r}, turn {index}: system turn without metadata"
                 )
-            belief = belief_state(metadata)
-        turns.append(Turn(SYSTEM if is_system else USER, text, acts, belief))
+            belief, booked = belief_state(metadata), booked_domains(metadata)
+        turns.append(Turn(SYSTEM if is_system else USER, text, acts, belief, booked))
     return Dialogue(did, tuple(turns), {"split": split.value, "goal": raw.get("goal", {})})
 
 
