@@ -93,6 +93,11 @@ class EvaluateParams(Section):
         default=1000, ge=0, description="test-set resamples of the paired bootstrap tests"
     )
     n_samples: int = Field(default=5, ge=0, description="histories shown in samples.md")
+    latent_samples: int = Field(
+        default=100,
+        ge=1,
+        description="VHRED/VHCR: posterior draws of the importance-sampled test NLL (K)",
+    )
 
     @field_validator("decodes")
     @classmethod

@@ -16,12 +16,16 @@ the stage contract (``pipeline.artifacts``):
 
 Metrics by task (names are the report's contract):
 
-- generate: ``test_loss`` (mean token NLL, teacher forcing) and ``test_ppl``; for each
+- generate: ``test_loss`` (mean token NLL, teacher forcing) and ``test_ppl``; for VHRED
+  and VHCR the NLL is importance-sampled (``evaluate.latent_samples`` posterior draws,
+  seeded by the trained seed) and ``test_loss_elbo``/``test_ppl_elbo`` give the ELBO bound
+  of the same draws (``pipeline.models.latent``); for each
   decoding (``evaluate.decodes``; greedy without suffix, beam 5 as ``_beam5``) the ChatEval
   set ``distinct_1 distinct_2 avg_length embedding_average embedding_extrema
   embedding_greedy``, sacrebleu ``bleu`` and, on MultiWOZ, ``inform success entity_f1
-  combined``; ``length_loss_pearson_r``/``_p`` between history tokens and per-example
-  mean NLL (U-Net paper, Table 7);
+  combined inform_standardized success_standardized`` and ``bleu_hier`` (the HT-Encoder
+  paper's BLEU convention, ``text.wrapped_bleu``); ``length_loss_pearson_r``/``_p``
+  between history tokens and per-example mean NLL (U-Net paper, Table 7);
 - select: ``recall_at_1/10/50`` and ``mrr`` (pessimistic ties, ``pipeline.eval.ranking``);
 - lm: ``test_loss`` and ``test_ppl`` over the sentence tokens;
 - every task: ``n_examples``.
@@ -99,6 +103,7 @@ class _Collected:
     ids: list[str] = field(default_factory=list)
     nll_sum: list[float] = field(default_factory=list)
     n_tokens: list[int] = field(default_factory=list)
+    nll_bound: list[float] = field(default_factory=list)  # latent-variable models' ELBO
     history_tokens: list[int] = field(default_factory=list)
     references: list[str] = field(default_factory=list)
     hypotheses: dict[str, list[str]] = field(default_factory=dict)  # by decoding label
@@ -211,12 +216,14 @@ def evaluate_generate(
     multiwoz: Any = None,
     bar: Reporter | None = None,
     bleu_tokenize: str = text.DEFAULT_TOKENIZE,
+    seed: int = 0,
 ) -> SeedResult:
     """Teacher-forced NLL and the decoded responses' metrics of one generate model.
 
     ``multiwoz``: ``(test dialogues, MultiWozDB)`` to add Inform/Success/Entity-F1;
     ``bleu_tokenize``: the corpus' sacrebleu tokenizer (``CorpusSpec.bleu_tokenize``);
-    ``bar``: progress over the batches, naming the decoding under way.
+    ``bar``: progress over the batches, naming the decoding under way; ``seed`` seeds a
+    latent-variable model's importance samples.
     """
     from pipeline.decode import generate
 
@@ -227,10 +234,12 @@ def evaluate_generate(
     samples: list[str] = []
     for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches, bar):
         batch = batch.to(device)
-        nll = example_nll(model, batch)
+        nll = example_nll(model, batch, ev.latent_samples, seed)
         got.ids += [example_id(e) for e in examples]
         got.nll_sum += nll.nll_sum.tolist()
         got.n_tokens += nll.n_tokens.tolist()
+        if nll.bound is not None:
+            got.nll_bound += nll.bound.tolist()
         got.history_tokens += history_tokens(batch.history).tolist()
         refs = [vocab.decode(e.target_ids) for e in examples]
         got.references += refs
@@ -277,6 +286,7 @@ def evaluate_generate(
         )
         if multiwoz is not None:
             scores = multiwoz_metrics(got.ids, hyps, refs, *multiwoz)
+            scores["bleu_hier"] = text.wrapped_bleu(hyps, refs)
             metrics.update({f"{k}{suffix}": v for k, v in scores.items()})
     lengths = np.asarray(got.history_tokens, dtype=float)
     counts = np.asarray(got.n_tokens, dtype=float)
@@ -400,7 +410,11 @@ def evaluate_lm(
 
 def _nll_metrics(got: _Collected) -> dict[str, float]:
     total, count = math.fsum(got.nll_sum), sum(got.n_tokens)
-    return {"test_loss": total / count, "test_ppl": perplexity(total, count)}
+    metrics = {"test_loss": total / count, "test_ppl": perplexity(total, count)}
+    if got.nll_bound:
+        bound = math.fsum(got.nll_bound)
+        metrics |= {"test_loss_elbo": bound / count, "test_ppl_elbo": perplexity(bound, count)}
+    return metrics
 
 
 def _require_examples(got: _Collected, dataset: ExampleDataset) -> None:
@@ -518,6 +532,7 @@ def evaluate_run(
                     multiwoz,
                     bar,
                     corpus_spec(corpus).bleu_tokenize,
+                    seed.seed,
                 )
             elif task.value == Task.SELECT:
                 result = evaluate_select(model, dataset, settings, device, bar)

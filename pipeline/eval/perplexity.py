@@ -20,7 +20,10 @@ import torch
 from torch import Tensor, nn
 
 from pipeline.data.batch import GenerateBatch, History, LMBatch
-from pipeline.models.base import LanguageModel, Seq2SeqModel
+from pipeline.models.base import LanguageModel, LatentVariableModel, Seq2SeqModel
+
+# Importance samples of a latent-variable model's test NLL: the VHRED/VHCR papers' K.
+LATENT_SAMPLES = 100
 
 
 def _scalar(value: float | Tensor) -> float:
@@ -79,10 +82,13 @@ class PerplexityMeter:
 
 @dataclass(frozen=True)
 class ExampleNLL:
-    """Per-example summed NLL ``[B]`` (float64) and counted target tokens ``[B]`` (long)."""
+    """Per-example summed NLL ``[B]`` (float64) and counted target tokens ``[B]`` (long);
+    for a latent-variable model ``nll_sum`` is importance-sampled and ``bound`` ``[B]`` is
+    the negative ELBO of the same samples (``pipeline.models.latent``)."""
 
     nll_sum: Tensor
     n_tokens: Tensor
+    bound: Tensor | None = None
 
     @property
     def mean(self) -> Tensor:
@@ -99,20 +105,30 @@ def token_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def example_nll(model: Seq2SeqModel | LanguageModel, batch: GenerateBatch | LMBatch) -> ExampleNLL:
+def example_nll(
+    model: Seq2SeqModel | LanguageModel,
+    batch: GenerateBatch | LMBatch,
+    latent_samples: int = LATENT_SAMPLES,
+    seed: int = 0,
+) -> ExampleNLL:
     """Per-example NLL of a batch, counting exactly the tokens the model's ``loss`` counts.
 
     Generate models: teacher forcing on ``target_ids`` (predict positions 1.. from the
-    prefix, as ``Seq2SeqModel.loss``); extra loss terms (a VAE's KL) are not part of it.
+    prefix, as ``Seq2SeqModel.loss``); extra loss terms are not part of it. A
+    latent-variable model (VHRED, VHCR): its ``latent_nll`` with ``latent_samples``
+    importance samples seeded by ``seed``, the ELBO bound beside it.
     LM models: ``token_nll`` over ``sentence_mask``. Runs without gradients; put the model
     in eval mode first if it has dropout.
     """
     if isinstance(model, Seq2SeqModel):
         if not isinstance(batch, GenerateBatch):
             raise TypeError(f"a generate model needs a GenerateBatch, got {type(batch).__name__}")
+        mask = batch.target_mask[:, 1:]
+        if isinstance(model, LatentVariableModel):
+            latent = model.latent_nll(batch, latent_samples, seed)
+            return ExampleNLL(latent.importance, mask.long().sum(-1), latent.elbo)
         memory = model.encode(batch)
         logits, _ = model.decode(batch.target_ids[:, :-1], memory)
-        mask = batch.target_mask[:, 1:]
         nll = token_nll(logits, batch.target_ids[:, 1:], mask)
         return ExampleNLL(nll.double().sum(-1), mask.long().sum(-1))
     if isinstance(model, LanguageModel):

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
+from pipeline.models.latent import LatentNLL
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,15 @@ class Seq2SeqModel(nn.Module):
         memory = self.encode(batch)
         logits, _ = self.decode(batch.target_ids[:, :-1], memory)
         return token_loss(logits, batch.target_ids[:, 1:], batch.target_mask[:, 1:])
+
+
+@runtime_checkable
+class LatentVariableModel(Protocol):
+    """A generate model whose likelihood integrates over latents (VHRED, VHCR): its test
+    NLL is ``latent_nll`` (importance-sampled, ``pipeline.models.latent``), never teacher
+    forcing on one latent draw."""
+
+    def latent_nll(self, batch: GenerateBatch, n_samples: int, seed: int) -> LatentNLL: ...
 
 
 class SelectModel(nn.Module):

@@ -27,10 +27,28 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import LossOutput, ModelConfig, Seq2SeqModel, select_batch_dim, token_loss
+from pipeline.models.base import (
+    LossOutput,
+    ModelConfig,
+    Seq2SeqModel,
+    masked_token_nll,
+    select_batch_dim,
+    token_loss,
+)
+from pipeline.models.latent import (
+    Gaussian,
+    GaussianNet,
+    LatentNLL,
+    RowNoise,
+    importance_estimates,
+    standard_normal_log_prob,
+)
 from pipeline.models.layers import MultiHeadAttention, padding_mask
 from pipeline.models.registry import register
 from pipeline.models.utterances import split_utterances
+
+# The seed of validation's posterior draws: validation numbers repeat exactly.
+VALIDATION_SEED = 0
 
 # --------------------------------------------------------------------------- configs
 
@@ -136,41 +154,6 @@ class ContextMemory:
     (context state, plus the sampled latents for VHRED/VHCR)."""
 
     cond: Tensor
-
-
-@dataclass
-class Gaussian:
-    """A diagonal Gaussian by mean and log-variance."""
-
-    mean: Tensor
-    logvar: Tensor
-
-    def sample(self) -> Tensor:
-        return self.mean + torch.randn_like(self.mean) * (0.5 * self.logvar).exp()
-
-    def kl(self, prior: Gaussian | None = None) -> Tensor:
-        """``KL(self || prior)`` summed over dimensions, ``[B]``; ``prior=None`` is N(0, I)."""
-        if prior is None:
-            return 0.5 * (self.logvar.exp() + self.mean**2 - 1.0 - self.logvar).sum(-1)
-        var_ratio = (self.logvar - prior.logvar).exp()
-        mahalanobis = (self.mean - prior.mean) ** 2 / prior.logvar.exp()
-        return 0.5 * (var_ratio + mahalanobis - 1.0 - (self.logvar - prior.logvar)).sum(-1)
-
-
-class GaussianNet(nn.Module):
-    """Two tanh layers then linear mean and log-variance heads (VHRED's prior/posterior)."""
-
-    def __init__(self, d_in: int, d_hidden: int, d_latent: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Linear(d_in, d_hidden), nn.Tanh(), nn.Linear(d_hidden, d_hidden), nn.Tanh()
-        )
-        self.mean = nn.Linear(d_hidden, d_latent)
-        self.logvar = nn.Linear(d_hidden, d_latent)
-
-    def forward(self, x: Tensor) -> Gaussian:
-        h = self.body(x)
-        return Gaussian(self.mean(h), self.logvar(h))
 
 
 class UtteranceEncoder(nn.Module):
@@ -342,17 +325,30 @@ class HRED(Seq2SeqModel):
         return self.decoder(tokens, memory.cond, state)
 
 
+@dataclass
+class LatentDraw:
+    """One posterior draw of a model's latents: the decoder's condition, ``log p(z | x) -
+    log q(z | x, y)`` ``[B]`` at the draw, the analytic ``KL(q || p)`` ``[B]`` and the
+    KL terms to log."""
+
+    cond: Tensor
+    log_ratio: Tensor
+    kl: Tensor
+    terms: dict[str, Tensor]
+
+
 @register("vhred", Task.GENERATE, VHREDConfig)
 class VHRED(HRED):
     """HRED with a latent variable per response; trained on the annealed ELBO.
 
-    ``loss`` draws z from the posterior (its mean in eval mode, so validation numbers are
-    deterministic); ``encode`` (generation) samples the prior. ``nll_sum``/``n_tokens``
-    count the reconstruction NLL only; ``loss = (nll_sum + w * KL_sum) / n_tokens`` with
-    the annealing weight ``w = min(1, step / kl_anneal_steps)``. The training loop owns the
-    schedule: it sets the step before every training forward (``on_train_step``, from its
-    checkpointed progress, so a resumed run continues the schedule exactly); ``loss`` only
-    reads it and changes no state.
+    Training: ``loss = (rec + w * KL) / n_tokens`` with z drawn from the posterior, the
+    annealing weight ``w = min(1, step / kl_anneal_steps)`` and ``nll_sum`` the
+    reconstruction NLL. The training loop owns the schedule: it sets the step before every
+    training forward (``on_train_step``, from its checkpointed progress, so a resumed run
+    continues the schedule exactly); ``loss`` only reads it and changes no state.
+    Evaluation mode (validation): the negative ELBO at weight 1 from one seeded posterior
+    draw, ``nll_sum = rec + KL``. Test: :meth:`latent_nll`, importance-sampled
+    (``pipeline.models.latent``). ``encode`` (generation) samples the prior.
     """
 
     config: VHREDConfig
@@ -394,33 +390,58 @@ class VHRED(HRED):
         z = self._draw(self.prior(context), self.config.sample_latent)
         return ContextMemory(torch.cat([context, z], -1))
 
-    def _elbo(
-        self, batch: GenerateBatch, cond: Tensor, kl: Tensor, terms: dict[str, Tensor]
-    ) -> LossOutput:
+    def _inference_inputs(self, batch: GenerateBatch) -> tuple[Tensor, ...]:
+        """What every posterior draw of ``batch`` shares (computed once per batch)."""
+        encodings, utt_mask = self.encode_utterances(batch.history)
+        return self.context(encodings, utt_mask), self.encode_response(batch)
+
+    def _posterior_draw(self, inputs: tuple[Tensor, ...], noise: RowNoise | None) -> LatentDraw:
+        context, response = inputs
+        prior = self.prior(context)
+        posterior = self.posterior(torch.cat([context, response], -1))
+        z = posterior.sample(noise)
+        log_ratio = prior.log_prob(z) - posterior.log_prob(z)
+        return LatentDraw(torch.cat([context, z], -1), log_ratio, posterior.kl(prior), {})
+
+    def _response_nll(self, batch: GenerateBatch, cond: Tensor) -> Tensor:
+        """``-log p(y | x, z)`` of each response ``[B]`` (float32) under teacher forcing."""
         logits, _ = self.decoder(batch.target_ids[:, :-1], cond, None)
+        return masked_token_nll(logits, batch.target_ids[:, 1:], batch.target_mask[:, 1:]).sum(-1)
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        inputs = self._inference_inputs(batch)
+        noise = None if self.training else RowNoise.for_batch(VALIDATION_SEED, batch)
+        draw = self._posterior_draw(inputs, noise)
+        logits, _ = self.decoder(batch.target_ids[:, :-1], draw.cond, None)
         rec = token_loss(logits, batch.target_ids[:, 1:], batch.target_mask[:, 1:])
-        weight = self.kl_weight()
+        weight = self.kl_weight() if self.training else torch.ones_like(rec.loss)
+        kl_sum = draw.kl.sum()
         n = rec.n_tokens.clamp(min=1)
         return LossOutput(
-            loss=rec.loss + weight * kl.sum() / n,
-            nll_sum=rec.nll_sum,
+            loss=rec.loss + weight * kl_sum / n,
+            nll_sum=rec.nll_sum if self.training else rec.nll_sum + kl_sum,
             n_tokens=rec.n_tokens,
             terms={
                 "nll": rec.loss.detach(),
-                "kl": kl.mean().detach(),
+                "kl": draw.kl.mean().detach(),
                 "kl_weight": weight.detach(),
-                **terms,
+                **draw.terms,
             },
         )
 
-    def loss(self, batch: GenerateBatch) -> LossOutput:
-        encodings, utt_mask = self.encode_utterances(batch.history)
-        context = self.context(encodings, utt_mask)
-        response = self.encode_response(batch)
-        prior = self.prior(context)
-        posterior = self.posterior(torch.cat([context, response], -1))
-        z = self._draw(posterior, self.training)
-        return self._elbo(batch, torch.cat([context, z], -1), posterior.kl(prior), {})
+    @torch.no_grad()
+    def latent_nll(self, batch: GenerateBatch, n_samples: int, seed: int) -> LatentNLL:
+        """Each response's NLL importance-sampled from ``n_samples`` posterior draws, and
+        the negative ELBO of those draws; seeded per example by ``seed``. Eval mode."""
+        if n_samples < 1:
+            raise ValueError(f"n_samples: need at least one importance sample, got {n_samples}")
+        inputs = self._inference_inputs(batch)
+        noise = RowNoise.for_batch(seed, batch)
+        log_weights = []
+        for _ in range(n_samples):
+            draw = self._posterior_draw(inputs, noise)
+            log_weights.append(draw.log_ratio.float() - self._response_nll(batch, draw.cond))
+        return importance_estimates(torch.stack(log_weights))
 
 
 @register("vhcr", Task.GENERATE, VHCRConfig)
@@ -492,16 +513,24 @@ class VHCR(VHRED):
         z = self._draw(self.prior(torch.cat([context, z_conv], -1)), sample)
         return ContextMemory(torch.cat([context, z, z_conv], -1))
 
-    def loss(self, batch: GenerateBatch) -> LossOutput:
+    def _inference_inputs(self, batch: GenerateBatch) -> tuple[Tensor, ...]:
         encodings, utt_mask = self.encode_utterances(batch.history)
-        response = self.encode_response(batch)
+        return encodings, utt_mask, self.encode_response(batch)
+
+    def _posterior_draw(self, inputs: tuple[Tensor, ...], noise: RowNoise | None) -> LatentDraw:
+        encodings, utt_mask, response = inputs
         conv = self.conversation(encodings, utt_mask, response)
-        z_conv = self._draw(conv, self.training)
+        z_conv = conv.sample(noise)
         context = self._context_with(encodings, utt_mask, z_conv)
         prior = self.prior(torch.cat([context, z_conv], -1))
         posterior = self.posterior(torch.cat([context, response, z_conv], -1))
-        z = self._draw(posterior, self.training)
+        z = posterior.sample(noise)
+        log_ratio = (
+            standard_normal_log_prob(z_conv)
+            - conv.log_prob(z_conv)
+            + prior.log_prob(z)
+            - posterior.log_prob(z)
+        )
         kl_utt, kl_conv = posterior.kl(prior), conv.kl()
-        cond = torch.cat([context, z, z_conv], -1)
         terms = {"kl_utt": kl_utt.mean().detach(), "kl_conv": kl_conv.mean().detach()}
-        return self._elbo(batch, cond, kl_utt + kl_conv, terms)
+        return LatentDraw(torch.cat([context, z, z_conv], -1), log_ratio, kl_utt + kl_conv, terms)

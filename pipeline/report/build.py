@@ -22,6 +22,7 @@ from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.splits import Split
 from pipeline.models.unet import UNetConfig
 from pipeline.report import plots
+from pipeline.report.published import paper_markdown
 from pipeline.report.references import chance_references, unigram_references
 from pipeline.report.results import RunResult, load_results
 from pipeline.report.tables import (
@@ -215,6 +216,8 @@ def render(
             corpus = table.corpus
             parts += [f"### Corpus: {corpus}", ""]
         parts += [f"#### {table.title}", "", table_markdown(table), ""]
+        if paper := paper_markdown(table):
+            parts += [paper]
     parts += ["## Figures", ""]
     parts += [
         _figure_md(

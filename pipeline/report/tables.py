@@ -13,7 +13,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from pipeline.eval.text import DEFAULT_TOKENIZE
+from pipeline.eval.text import DEFAULT_TOKENIZE, bleu_signature
 from pipeline.report.results import CI_SUFFIX, Estimate, RunResult
 from pipeline.report.significance import TESTED_METRICS, Comparison, NotComparable, compare
 
@@ -40,6 +40,8 @@ class Metric:
 VALID_LOSS = Metric("best_valid_loss", "Valid CE", 3, Better.LOWER)
 TEST_LOSS = Metric("test_loss", "Test CE", 3, Better.LOWER)
 TEST_PPL = Metric("test_ppl", "Test PPL", 2, Better.LOWER)
+# VHRED/VHCR: Test PPL is importance-sampled (evaluate.latent_samples draws); its bound:
+TEST_PPL_ELBO = Metric("test_ppl_elbo", "Test PPL (ELBO bound)", 2, Better.LOWER)
 AVG_LENGTH = Metric("avg_length", "Avg len", 2)
 DISTINCT_1 = Metric("distinct_1", "Distinct-1", 4)
 DISTINCT_2 = Metric("distinct_2", "Distinct-2", 4)
@@ -52,6 +54,8 @@ PEARSON_R = Metric("length_loss_pearson_r", "Pearson r", 4, Better.LOWER)
 PEARSON_P = Metric("length_loss_pearson_p", "p", 4)
 BLEU = Metric("bleu", "BLEU", 2)
 BLEU_BEAM5 = Metric("bleu_beam5", "BLEU (beam 5)", 2)
+# The HT-Encoder paper's BLEU (GO_/EOS_-wrapped, eval.text.wrapped_bleu), beside sacrebleu's
+BLEU_HIER = Metric("bleu_hier", "BLEU (HIER scorer)", 2)
 ENTITY_F1 = Metric("entity_f1", "Entity-F1", 2)
 # Inform/Success in the official scheme (the HT-Encoder paper's) and the standardized one
 # (Nekvinda & Dusek 2021, the field's current table): eval.multiwoz, eval.multiwoz_standard.
@@ -96,7 +100,8 @@ UNET_MODELS = (*UNET_BASELINES, "unet_linear", "unet_per_layer_att", "unet")
 HIER_MODELS = ("hred", "transformer", "set", "mat", "hier")
 HIER_ORACLE_ACT_MODELS = ("set_pp", "hier_pp", "hier_cls")
 MULTIWOZ_METRICS = (
-    BLEU, BLEU_BEAM5, ENTITY_F1, INFORM, SUCCESS, COMBINED, INFORM_STD, SUCCESS_STD, TEST_PPL
+    BLEU, BLEU_BEAM5, BLEU_HIER, ENTITY_F1, INFORM, SUCCESS, COMBINED, INFORM_STD, SUCCESS_STD,
+    TEST_PPL,
 )  # fmt: skip
 
 SPECS = (
@@ -104,7 +109,7 @@ SPECS = (
         "U-Net Transformer, Tables 1-2: validation cross-entropy and test perplexity",
         "generate",
         UNET_MODELS,
-        (VALID_LOSS, TEST_PPL),
+        (VALID_LOSS, TEST_PPL, TEST_PPL_ELBO),
         "transformer",
     ),
     TableSpec(
@@ -252,6 +257,11 @@ def build_table(
     baseline = next((r for r in chosen if r.model == spec.baseline), None)
     baseline_name = spec.baseline if baseline is not None else None
     notes: list[str] = []
+    if any(m.key.startswith("bleu") and m.key != BLEU_HIER.key for m in columns):
+        notes.append(
+            f"BLEU: sacrebleu corpus BLEU on lowercased word-tokenised text, signature "
+            f"`{bleu_signature(bleu_tokenize)}`."
+        )
     if n_samples == 0:
         baseline = None  # evaluate.bootstrap_samples: 0 turns the tests off
         notes.append("No significance tests (evaluate.bootstrap_samples is 0).")

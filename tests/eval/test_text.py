@@ -13,6 +13,7 @@ from pipeline.eval.stats import paired_bootstrap
 from pipeline.eval.text import (
     average_length,
     bleu_from_stats,
+    bleu_signature,
     bleu_stats,
     chateval,
     corpus_bleu,
@@ -25,6 +26,7 @@ from pipeline.eval.text import (
     greedy_matching,
     sentence_bleu,
     strip_special,
+    wrapped_bleu,
 )
 
 # Hand-set 2-d vectors: a = (1, 0), b = (0, 2), c = (-3, 1).
@@ -203,3 +205,23 @@ def test_bleu_rejects_bad_input():
         corpus_bleu(["a"], None)
     with pytest.raises(ValueError, match="unknown sacrebleu tokenizer 'bogus'"):
         corpus_bleu(["a"], ["a"], tokenize="bogus")
+
+
+def test_wrapped_bleu_hand_values():
+    hyps = ["the cat sat on the mat", "a b c d"]
+    refs = ["the cat sat on a mat", "a b c e"]
+    # GO_/EOS_-wrapped: matched/total 1-grams 7/8 + 5/6, 2-grams 5/7 + 3/5, 3-grams 3/6 + 2/4,
+    # 4-grams 2/5 + 1/3; lengths 14 = 14, so the brevity penalty is exp(0) = 1
+    expected = 100 * (12 / 14 * 8 / 12 * 5 / 10 * 3 / 8) ** 0.25
+    assert wrapped_bleu(hyps, refs) == pytest.approx(expected, rel=1e-6)
+    # the wrapping is what lifts it over sacrebleu on the same text (50.0 here)
+    assert corpus_bleu(hyps, refs, tokenize="none") == pytest.approx(50.0)
+    assert wrapped_bleu(["a b"], ["a b"]) == pytest.approx(100.0, rel=1e-6)
+    # shorter hypotheses pay the brevity penalty: 4 wrapped tokens against 6
+    short = wrapped_bleu(["a b"], ["a b c d"])
+    assert short < 100 * math.exp(1 - 6 / 4) + 1e-6
+
+
+def test_bleu_signature_names_the_tokenizer():
+    assert bleu_signature("none").startswith("nrefs:1|case:mixed|eff:no|tok:none|smooth:exp")
+    assert "tok:13a" in bleu_signature("13a")

@@ -108,14 +108,6 @@ def per_example(model, batch, task: Task) -> torch.Tensor:
 
 
 NAMES = registry.names()
-# Known defect, fixed by issue 14 item 1: their evaluation scores one unseeded latent
-# sample, so an example's NLL changes from call to call.
-UNSEEDED_LATENT = pytest.mark.xfail(
-    strict=True, reason="VHRED/VHCR evaluation draws an unseeded latent sample (issue 14.1)"
-)
-DETERMINISTIC = [
-    pytest.param(n, marks=UNSEEDED_LATENT) if n in ("vhred", "vhcr") else n for n in NAMES
-]
 
 
 def test_the_contract_covers_every_registered_name_and_the_wrappers():
@@ -131,7 +123,7 @@ def test_builds_from_the_data_sizes(name: str, corpora):
         assert model.config.n_acts == record.n_acts
 
 
-@pytest.mark.parametrize("name", DETERMINISTIC)
+@pytest.mark.parametrize("name", NAMES)
 def test_an_example_does_not_depend_on_its_batch(name: str, corpora):
     model, dataset, examples = setup(name, corpora)
     task = registry.spec(name).task
@@ -157,7 +149,7 @@ def test_loss_on_a_real_batch_goes_down(name: str, corpora):
     assert losses[-1] < losses[0], f"{name}: {losses}"
 
 
-@pytest.mark.parametrize("name", DETERMINISTIC)
+@pytest.mark.parametrize("name", NAMES)
 def test_save_load_through_the_stage_contract_and_the_evaluation_path(name, corpora, tmp_path):
     model, dataset, examples = setup(name, corpora)
     batch = dataset.collate(examples[:2])

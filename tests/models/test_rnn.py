@@ -12,9 +12,11 @@ from torch import Tensor
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import EOS_ID
 from pipeline.errors import ConfigError
+from pipeline.eval.perplexity import example_nll
 from pipeline.models import registry
 from pipeline.models.base import Seq2SeqModel, count_parameters
-from pipeline.models.rnn import S2SA, VHCR, VHRED, Gaussian
+from pipeline.models.latent import Gaussian
+from pipeline.models.rnn import S2SA, VHCR, VHRED
 from tests.batches import chitchat_generate_batch, random_generate_batch
 
 NAMES = ["s2sa", "hred", "vhred", "vhcr"]
@@ -219,13 +221,74 @@ def test_kl_non_negative_and_annealing(name: str) -> None:
         assert out.terms["kl_utt"] >= 0 and out.terms["kl_conv"] >= 0
 
 
-def test_vhred_reports_reconstruction_nll_only() -> None:
-    model = small("vhred").eval()
+@pytest.mark.parametrize("name", ["vhred", "vhcr"])
+def test_training_reports_reconstruction_validation_the_full_negative_elbo(name: str) -> None:
+    model = small(name, kl_anneal_steps=1000)
     batch = random_generate_batch(3, VOCAB)
-    out = model.loss(batch)
-    assert out.terms["kl"] > 0
-    assert torch.allclose(out.nll_sum / out.n_tokens, out.terms["nll"], atol=1e-6)
-    assert out.loss > out.terms["nll"]
+    train = model.train().loss(batch)  # annealed: nll_sum is the reconstruction only
+    assert torch.allclose(train.nll_sum / train.n_tokens, train.terms["nll"], atol=1e-6)
+    valid = model.eval().loss(batch)  # weight 1 whatever the schedule, KL in nll_sum
+    assert float(valid.terms["kl_weight"]) == 1.0 and valid.terms["kl"] > 0
+    kl_sum = valid.terms["kl"] * 3
+    assert torch.allclose(valid.nll_sum, valid.terms["nll"] * valid.n_tokens + kl_sum, rtol=1e-5)
+    assert torch.equal(model.loss(batch).nll_sum, valid.nll_sum)  # seeded: repeats exactly
+
+
+def overfit_posterior(name: str, batch: GenerateBatch) -> Seq2SeqModel:
+    """Train with the KL switched off so the posterior learns to encode each response."""
+    model = small(name, kl_anneal_steps=10**9, d_latent=32).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        optimizer.zero_grad()
+        model.loss(batch).loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", ["vhred", "vhcr"])
+def test_a_posterior_that_memorised_random_targets_leaks_nothing_into_test_perplexity(name):
+    """The defect: scoring p(y | x, z) with z from the posterior, which saw y, reports a
+    perplexity near 1 on random targets. Importance sampling integrates z out."""
+    batch = random_generate_batch(4, VOCAB, seed=5)
+    model = overfit_posterior(name, batch)
+    assert isinstance(model, VHRED)
+    with torch.no_grad():
+        inputs = model._inference_inputs(batch)
+        mean_draw = model._posterior_draw(inputs, None).cond  # a draw, like the old mean
+        leaked = model._response_nll(batch, mean_draw).sum() / batch.target_mask[:, 1:].sum()
+    nll = example_nll(model, batch, latent_samples=20, seed=0)
+    perplexity = math.exp(float(nll.nll_sum.sum() / nll.n_tokens.sum()))
+    assert math.exp(float(leaked)) < 3.0  # what the old evaluation reported
+    assert perplexity > VOCAB / 3  # random targets: of the order of the vocabulary
+
+
+@pytest.mark.parametrize("name", ["vhred", "vhcr"])
+def test_importance_sampled_nll_is_seeded_and_below_the_elbo(name: str) -> None:
+    model = small(name).eval()
+    assert isinstance(model, VHRED)
+    batch = random_generate_batch(4, VOCAB, seed=2)
+    a = model.latent_nll(batch, n_samples=10, seed=7)
+    b = model.latent_nll(batch, n_samples=10, seed=7)
+    assert torch.equal(a.importance, b.importance) and torch.equal(a.elbo, b.elbo)
+    assert (a.importance <= a.elbo + 1e-9).all()  # Jensen, per example
+    other = model.latent_nll(batch, n_samples=10, seed=8)
+    assert not torch.equal(a.importance, other.importance)
+    # an example's estimate does not depend on its batch
+    alone = model.latent_nll(row(batch, 1), n_samples=10, seed=7)
+    torch.testing.assert_close(alone.importance, a.importance[1:2], rtol=1e-4, atol=1e-4)
+    # one sample: the importance estimate is that sample's ELBO
+    one = model.latent_nll(batch, n_samples=1, seed=7)
+    torch.testing.assert_close(one.importance, one.elbo)
+    with pytest.raises(ValueError, match="at least one"):
+        model.latent_nll(batch, n_samples=0, seed=7)
+
+
+def test_gaussian_log_prob_by_hand() -> None:
+    q = Gaussian(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, math.log(4.0)]]))
+    z = torch.tensor([[2.0, 2.0]])
+    # log N(2; 1, 1) + log N(2; 0, 4) = -0.5 (ln 2pi + 1) - 0.5 (ln 2pi + ln 4 + 1)
+    expected = -0.5 * (math.log(2 * math.pi) + 1) - 0.5 * (math.log(2 * math.pi) + math.log(4) + 1)
+    assert q.log_prob(z).item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_vhred_generation_samples_the_prior() -> None:

@@ -83,6 +83,9 @@ def test_paper_tables_with_markers(runs):
     hier = by_title(tables, "HIER")
     bleu = hier.rows[0].cells[0]  # only transformer is a HIER-table model here
     assert [r.model for r in hier.rows] == ["transformer"] and bleu.comparison is None
+    # the BLEU convention is printed with every table that has BLEU, and only there
+    assert any("signature `nrefs:1|case:mixed|eff:no|tok:13a" in n for n in hier.notes)
+    assert not any("sacrebleu" in n for n in unet.notes)
 
     select = by_title(tables, "Highway")
     assert select.baseline == "transformer_ranker"
@@ -152,3 +155,21 @@ def test_chance_level_of_a_random_ranking_by_hand(runs):
     assert chance.values["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
     select = by_title(build_tables(runs, n_samples=0, references=(chance,)), "Highway")
     assert select.rows[-1].model == "chance"
+
+
+def test_multiwoz_tables_never_mix_settings():
+    """A model fed oracle acts (its config reads the act inventory) or predicting its own
+    annotations (hier_joint) is compared only with models that see the same."""
+    from pipeline.models import registry
+    from pipeline.report.tables import SPECS
+
+    hier = {s.title: set(s.models or ()) for s in SPECS if s.title.startswith("HT-Encoder")}
+    plain, oracle, joint = (
+        next(models for title, models in hier.items() if key in title)
+        for key in ("without annotations", "oracle dialogue acts", "end-to-end")
+    )
+    reads_acts = {
+        n for n in registry.names() if "n_acts" in registry.spec(n).config_cls.DATA_FIELDS
+    }
+    assert reads_acts == oracle == {"hier_pp", "set_pp", "hier_cls"}
+    assert joint == {"hier_joint"} and not plain & (oracle | joint)

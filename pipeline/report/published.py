@@ -1,0 +1,223 @@
+"""The papers' own numbers, printed under the report's tables of the same shape.
+
+Each paper-shaped table gets the rows its paper published (values as printed, with the
+corpus and training each was measured at) and, for each comparison the paper draws
+(U-Net beats the Transformer on test perplexity, ...), whether ours goes the same way and
+whether that is significant. A reader sees at once whether a published effect holds in
+this run and how far the two setups are apart: a quick profile on chitchat is no
+reproduction of a PersonaChat number, and the lines say so.
+
+Sources (``../shared/seeds`` in the project's papers): Donahue et al., "Injecting
+Hierarchy with U-Net Transformers" (Tables 1, 2, 4, 5, 7); Santra et al., "Hierarchical
+Transformer for Task Oriented Dialog Systems" (Tables 2, 3, 5: their BLEU is the
+GO_/EOS_-wrapped scorer, our ``bleu_hier``; Inform/Success the official evaluator, our
+``inform``/``success``; Score = BLEU + (Inform + Success) / 2).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pipeline.report.tables import Cell, Metric, Table
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """One published table: ``values[model][metric key]`` as printed."""
+
+    source: str
+    corpus: str
+    setup: str
+    values: dict[str, dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A comparison the paper draws: ``better`` beats ``worse`` on ``metric``."""
+
+    better: str
+    worse: str
+    metric: str
+
+
+_FULL = "full training set, each model trained to its lowest validation loss"
+_UNET_PPL = ("best_valid_loss", "test_ppl")
+_CHATEVAL = ("avg_length", "distinct_1", "distinct_2", "embedding_average", "embedding_extrema")
+_HIER = ("bleu_hier", "entity_f1", "inform", "success", "combined")
+
+
+def _rows(keys: tuple[str, ...], rows: dict[str, tuple[float | None, ...]]) -> dict:
+    return {
+        model: {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+        for model, values in rows.items()
+    }
+
+
+# Keyed by the start of the report table's title.
+PAPERS: dict[str, tuple[PaperTable, ...]] = {
+    "U-Net Transformer, Tables 1-2": (
+        PaperTable("U-Net paper, Table 1", "Cornell Movie-Dialogs", _FULL, _rows(_UNET_PPL, {
+            "s2sa": (3.983, 53.43), "hred": (3.945, 51.21), "vhred": (3.940, 51.05),
+            "vhcr": (3.937, 50.73), "transformer": (3.883, 48.30),
+            "adj_transformer": (3.860, 47.16), "unet_linear": (3.857, 47.07),
+            "unet": (3.853, 46.87),
+        })),
+        PaperTable("U-Net paper, Table 2", "PersonaChat", _FULL, _rows(_UNET_PPL, {
+            "s2sa": (3.736, 42.75), "hred": (3.684, 40.48), "vhcr": (3.685, 40.45),
+            "vhred": (3.679, 40.11), "transformer": (3.639, 39.06),
+            "unet_per_layer_att": (3.610, 37.72), "unet": (3.581, 36.86),
+        })),
+    ),
+    "U-Net Transformer, Tables 4-5": (
+        PaperTable("U-Net paper, Table 4", "Cornell Movie-Dialogs", f"{_FULL}; greedy",
+                   _rows(_CHATEVAL, {
+            "hred": (4.18, 0.00361, 0.00838, 0.425, 0.320),
+            "vhred": (4.06, 0.00442, 0.0103, 0.423, 0.313),
+            "vhcr": (3.61, 0.005, 0.0122, 0.428, 0.315),
+            "s2sa": (8.29, 0.230, 0.146, 0.577, 0.356),
+            "transformer": (9.49, 0.0242, 0.163, 0.583, 0.354),
+            "unet": (9.14, 0.0239, 0.154, 0.594, 0.366),
+        })),
+        PaperTable("U-Net paper, Table 5", "PersonaChat", f"{_FULL}; greedy", _rows(_CHATEVAL, {
+            "hred": (10.1, 0.00597, 0.0118, 0.823, 0.466),
+            "vhred": (10.3, 0.00675, 0.0139, 0.822, 0.463),
+            "vhcr": (10.3, 0.00675, 0.0139, 0.822, 0.463),
+            "s2sa": (10.0, 0.00675, 0.0139, 0.822, 0.463),
+            "transformer": (11.4, 0.00932, 0.0243, 0.825, 0.453),
+            "unet": (10.8, 0.00916, 0.0238, 0.818, 0.473),
+        })),
+    ),
+    "U-Net Transformer, Table 7": (
+        PaperTable("U-Net paper, Table 7", "corpus not stated", _FULL, {
+            "transformer": {"length_loss_pearson_r": 0.0358},
+            "unet": {"length_loss_pearson_r": 0.0308},
+        }),
+    ),
+    "HT-Encoder (HIER), Table 2": (
+        PaperTable("HIER paper, Table 2", "MultiWOZ 2.0", f"{_FULL}; beam 5", _rows(_HIER, {
+            "hred": (17.50, None, 70.7, 60.9, 83.3),
+            "transformer": (19.1, 55.1, 71.1, 59.9, 84.60),
+            "set": (18.67, 51.61, 76.80, 57.69, 85.92),
+            "mat": (18.86, 54.89, 71.9, 52.5, 81.06),
+            "hier": (20.91, 54.45, 73.60, 60.10, 87.76),
+        })),
+    ),
+    "HT-Encoder (HIER), Table 3": (
+        PaperTable("HIER paper, Table 3", "MultiWOZ 2.0", f"{_FULL}; beam 5", _rows(_HIER, {
+            "set_pp": (25.56, 82.27, 85.7, 74.3, 105.56),
+            "hier_pp": (29.54, 85.01, 88.3, 85.4, 116.39),
+            "hier_cls": (29.29, 84.23, 88.3, 85.9, 116.39),
+        })),
+    ),
+    "HT-Encoder (HIER), Table 5": (
+        PaperTable("HIER paper, Table 5", "MultiWOZ 2.0", f"{_FULL}; beam 5", _rows(_HIER, {
+            "hier_joint": (19.74, 53.94, 80.5, 71.7, 95.84),
+        })),
+    ),
+}  # fmt: skip
+
+CLAIMS: dict[str, tuple[Claim, ...]] = {
+    "U-Net Transformer, Tables 1-2": (
+        Claim("unet", "transformer", "test_ppl"),
+        Claim("transformer", "s2sa", "test_ppl"),
+        Claim("vhred", "hred", "test_ppl"),
+    ),
+    "U-Net Transformer, Tables 4-5": (
+        Claim("unet", "transformer", "embedding_extrema"),
+        Claim("transformer", "unet", "avg_length"),
+    ),
+    "U-Net Transformer, Table 7": (Claim("unet", "transformer", "length_loss_pearson_r"),),
+    "HT-Encoder (HIER), Table 2": (
+        Claim("hier", "transformer", "bleu_hier"),
+        Claim("hier", "transformer", "success"),
+        Claim("hier", "transformer", "combined"),
+    ),
+    "HT-Encoder (HIER), Table 3": (Claim("hier_pp", "set_pp", "combined"),),
+}
+
+
+def _key(title: str) -> str | None:
+    return next((k for k in PAPERS if title.startswith(k)), None)
+
+
+def _value(value: float, metric: Metric) -> str:
+    return f"{value:.{metric.digits}f}"
+
+
+def paper_markdown(table: Table) -> str:
+    """The paper's rows for ``table``'s models and metrics, and each of the paper's
+    comparisons set against ours; empty when the table has no paper counterpart."""
+    key = _key(table.title)
+    if key is None:
+        return ""
+    models = [row.model for row in table.rows]
+    lines = []
+    for paper in PAPERS[key]:
+        shown = [m for m in table.columns if any(m.key in paper.values.get(x, {}) for x in models)]
+        rows = [x for x in models if x in paper.values]
+        if not shown or not rows:
+            continue
+        lines += [
+            f"In the paper ({paper.source}; {paper.corpus}, {paper.setup}):",
+            "",
+            "| Model | " + " | ".join(m.label for m in shown) + " |",
+            "|---" * (len(shown) + 1) + "|",
+        ]
+        for model in rows:
+            cells = [paper.values[model].get(m.key) for m in shown]
+            text = ["-" if v is None else _value(v, m) for v, m in zip(cells, shown, strict=True)]
+            lines.append(f"| {model} | " + " | ".join(text) + " |")
+        lines.append("")
+    claims = [_claim_line(table, c) for c in CLAIMS.get(key, ())]
+    claims = [c for c in claims if c]
+    if claims:
+        lines += [f"The paper's comparisons, and ours ({table.corpus}, this run's scale):", ""]
+        lines += [f"- {c}" for c in claims] + [""]
+    return "\n".join(lines)
+
+
+def _claim_line(table: Table, claim: Claim) -> str | None:
+    columns = {m.key: i for i, m in enumerate(table.columns)}
+    rows = {row.model: row for row in table.rows}
+    if claim.metric not in columns or claim.better not in rows or claim.worse not in rows:
+        return None
+    metric = table.columns[columns[claim.metric]]
+    better, worse = (rows[m].cells[columns[claim.metric]] for m in (claim.better, claim.worse))
+    if better.estimate is None or worse.estimate is None:
+        return None
+    ours_b, ours_w = better.estimate.mean, worse.estimate.mean
+    lower = metric.better.value == "lower"
+    sign = "<" if lower else ">"
+    papers = [
+        f"{_value(p.values[claim.better][metric.key], metric)} vs "
+        f"{_value(p.values[claim.worse][metric.key], metric)} ({p.corpus})"
+        for p in PAPERS[_key(table.title) or ""]
+        if metric.key in p.values.get(claim.better, {})
+        and metric.key in p.values.get(claim.worse, {})
+    ]
+    if math.isnan(ours_b) or math.isnan(ours_w):
+        verdict = "no number"
+    elif ours_b == ours_w:
+        verdict = "a tie"
+    else:
+        same = (ours_b < ours_w) == lower
+        verdict = "the same direction" if same else "the opposite direction"
+    return (
+        f"{claim.better} {sign} {claim.worse} on {metric.label}: paper {'; '.join(papers)}. "
+        f"Ours {_value(ours_b, metric)} vs {_value(ours_w, metric)}: {verdict}"
+        f"{_significance(table, claim, better, worse)}."
+    )
+
+
+def _significance(table: Table, claim: Claim, better: Cell, worse: Cell) -> str:
+    """The paired test of the table, where it compared the two (one is the baseline)."""
+    if table.baseline == claim.worse and better.comparison is not None:
+        c = better.comparison
+    elif table.baseline == claim.better and worse.comparison is not None:
+        c = worse.comparison
+    else:
+        return " (not tested: neither is the table's baseline, or no test ran)"
+    # the table's marker decides (p < 0.05 and not within the seeds' own variation)
+    verdict = "significant" if c.marker else "not significant"
+    return f", {verdict} (paired bootstrap, p = {min(c.p_better, c.p_worse):.3f})"
