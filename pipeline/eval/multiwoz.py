@@ -41,13 +41,10 @@ no domain on booking acts) becomes the placeholder of the goal domain(s) whose b
 in the belief state changed most recently at or before that turn. The official evaluator's
 other styles (``[value_name]``) are not read: that is what the standardized scheme is for.
 
-Deviations from the official evaluator:
-
-- deterministic venue choice (above) instead of ``random.sample`` among the matches;
-- DB values are compared case- and space-insensitively and times like ``9:15`` are
-  zero-padded before the string comparison. The official query passes the belief value
-  through its text ``normalize``, which turns a time into the literal ``[value_time]``, so
-  its time constraints compare against that string; ours compare the times.
+Belief and goal values go through the official query's text normalisation
+(:func:`official_value`), with its effects on time constraints and apostrophe names. The
+one deviation from the official evaluator: where several venues match, the offered one is
+the first in DB order (deterministic) instead of ``random.sample``.
 
 Entity-F1 (Wen et al. 2017, as reported by HIER) is micro-averaged over responses: for each
 generated/reference pair the SETS of placeholders are compared, and true positives, false
@@ -81,6 +78,36 @@ _POINTER_DOMAINS = ("restaurant", "hotel", "train")
 _DONT_CARE = frozenset({"", "dontcare", "dont care", "don't care", "do n't care", "not mentioned"})
 _TIME_RE = re.compile(r"^(\d{1,2}):(\d{2})$")
 _AFTER, _BEFORE = "leaveat", "arriveby"
+
+
+_NUMBERS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+            "eleven", "twelve")  # fmt: skip
+_NUMBER_WORDS = {word: str(i) for i, word in enumerate(_NUMBERS, 1)}
+
+
+def official_value(value: str) -> str:
+    """A belief or goal value as the official evaluator puts it into its SQL query: through
+    its text ``normalize`` (``utils/nlp.py`` of budzianowski/multiwoz), whose steps that
+    can touch a slot value are: lowercase; ``b&b``/``b and b`` -> ``bed and breakfast``;
+    every ``h:mm`` time -> the literal ``[value_time]`` and ``12.50`` -> ``[value_price]``;
+    ``;`` -> ``,``, ``/`` -> `` and ``, ``-`` -> space, ``":<>@()`` dropped; spaces around
+    ``? . , !`` (not between digits) and before ``'s``, then quotes beside spaces dropped
+    (``christ's college`` -> ``christ s college``); number words -> digits. So a time
+    constraint compares the DB's times with the string ``[value_time]`` (``leaveAt >``
+    matches no train, ``arriveBy <`` every train) and an apostrophe name matches nothing:
+    the official numbers carry these effects, and so do ours."""
+    text = value.lower().strip().replace("\u2018", "'").replace("\u2019", "'")
+    text = re.sub(r"b&b|b and b", "bed and breakfast", text)
+    text = re.sub(r"\d{1,2}:\d{1,2}", " [value_time] ", text)
+    text = re.sub(r"\d{1,3}\.\d{1,2}", " [value_price] ", text)
+    text = text.replace(";", ",").replace("/", " and ").replace("-", " ")
+    text = re.sub(r'[":<>@()]', "", text)
+    text = re.sub(r"(?<!\d)([?.,!])|([?.,!])(?!\d)", lambda m: f" {m.group(0)} ", text)
+    text = re.sub(r"(?<! )'s", " 's", text)
+    text = re.sub(r"^'|'$", "", text)
+    text = re.sub(r"' | '", " ", text)
+    words = [_NUMBER_WORDS.get(w, w) for w in text.split()]
+    return " ".join(words)
 
 
 def _norm(value: object) -> str:
@@ -327,7 +354,8 @@ def _informed(goal: DomainGoal, venue: int | None, db: MultiWozDB) -> bool:
     if goal.domain == "train" and venue is None:
         # nothing to check when the user needs no particular train (no id requested)
         return "id" not in goal.requestable
-    return venue is not None and venue in db.query(goal.domain, goal.informable)
+    wanted = {slot: official_value(v) for slot, v in goal.informable.items()}
+    return venue is not None and venue in db.query(goal.domain, wanted)
 
 
 def evaluate_dialogue(
@@ -352,7 +380,8 @@ def evaluate_dialogue(
         for domain in goal:
             # official: a name of the domain, or ANY "_id", offers a venue of every domain
             if (f"[{domain}_name]" in sent or "_id" in sent) and domain in DB_DOMAINS:
-                venues = db.query(domain, beliefs[t].get(domain, {}).get("semi", {}))
+                semi = beliefs[t].get(domain, {}).get("semi", {})
+                venues = db.query(domain, {k: official_value(v) for k, v in semi.items()})
                 if venues and offered[domain] not in venues:
                     offered[domain] = venues[0]
             for requestable in REQUESTABLES:

@@ -11,7 +11,11 @@ Sources (``../shared/seeds`` in the project's papers): Donahue et al., "Injectin
 Hierarchy with U-Net Transformers" (Tables 1, 2, 4, 5, 7); Santra et al., "Hierarchical
 Transformer for Task Oriented Dialog Systems" (Tables 2, 3, 5: their BLEU is the
 GO_/EOS_-wrapped scorer, our ``bleu_hier``; Inform/Success the official evaluator, our
-``inform``/``success``; Score = BLEU + (Inform + Success) / 2).
+``inform``/``success``; Score = BLEU + (Inform + Success) / 2); Chiang et al., "Learning
+Multi-Level Information for Dialogue Response Selection by Highway Recurrent
+Transformer" (Table 1, test half of each cell, percentages as fractions as our R@k and
+MRR); Roh et al., "Hierarchical GPT with Congruent Transformers" (the 6-layer column of
+Tables 1, 2, 4, 5, the configuration our models default to).
 """
 
 from __future__ import annotations
@@ -115,6 +119,31 @@ PAPERS: dict[str, tuple[PaperTable, ...]] = {
             "hier_joint": (19.74, 53.94, 80.5, 71.7, 95.84),
         })),
     ),
+    "Highway Recurrent Transformer, Table 1": (
+        PaperTable("HRT paper, Table 1", "DSTC7 Ubuntu, subtask 1 (test)",
+                   "full training set, 10 sampled candidates per example",
+                   _rows(("recall_at_10", "mrr"), {
+            "dual_lstm": (0.587, 0.3537), "hier_lstm": (0.575, 0.3454),
+            "transformer_ranker": (0.606, 0.3606), "transformer_last_ranker": (0.491, 0.2808),
+            "hrt_all": (0.662, 0.4040), "hrt_last": (0.670, 0.4019),
+            "ensemble": (0.679, 0.4352),
+        })),
+        PaperTable("HRT paper, Table 1", "DSTC7 Advising, subtask 1 (test)",
+                   "full training set, 10 sampled candidates per example",
+                   _rows(("recall_at_10", "mrr"), {
+            "dual_lstm": (0.398, 0.1571), "hier_lstm": (0.478, 0.2384),
+            "transformer_ranker": (0.524, 0.2530), "transformer_last_ranker": (0.526, 0.2512),
+            "hrt_all": (0.484, 0.2143), "hrt_last": (0.516, 0.2536),
+            "ensemble": (0.548, 0.2789),
+        })),
+    ),
+    "Hierarchical GPT, Tables 1-5": (
+        PaperTable("HGPT paper, Tables 1, 2, 4, 5 (6 layers)", "Penn Treebank (Mikolov)",
+                   "8 heads x 512, 6 Transformer layers (HGPT 1/1/4)", {
+            "gpt": {"test_ppl": 52.9}, "congruent_gpt": {"test_ppl": 50.3},
+            "hgpt": {"test_ppl": 50.5}, "congruent_hgpt": {"test_ppl": 50.4},
+        }),
+    ),
 }  # fmt: skip
 
 CLAIMS: dict[str, tuple[Claim, ...]] = {
@@ -134,6 +163,15 @@ CLAIMS: dict[str, tuple[Claim, ...]] = {
         Claim("hier", "transformer", "combined"),
     ),
     "HT-Encoder (HIER), Table 3": (Claim("hier_pp", "set_pp", "combined"),),
+    "Highway Recurrent Transformer, Table 1": (
+        Claim("hrt_all", "transformer_ranker", "recall_at_10"),
+        Claim("hrt_all", "transformer_ranker", "mrr"),
+    ),
+    "Hierarchical GPT, Tables 1-5": (
+        Claim("congruent_gpt", "gpt", "test_ppl"),
+        Claim("hgpt", "gpt", "test_ppl"),
+        Claim("congruent_hgpt", "hgpt", "test_ppl"),
+    ),
 }
 
 

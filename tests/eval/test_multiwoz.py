@@ -25,6 +25,7 @@ from pipeline.eval.multiwoz import (
     inform_success,
     multiwoz_scores,
     official_placeholders,
+    official_value,
     parse_goal,
     placeholders,
     system_turns,
@@ -316,3 +317,22 @@ def test_reference_responses_score_like_the_published_ground_truth(shared_data, 
     rates = inform_success(test, responses, db)
     assert len(rates.outcomes) == 1000
     assert rates.inform > 90.0 and rates.success > 85.0
+
+
+@pytest.mark.parametrize(
+    ("value", "as_queried"),
+    [("18:45", "[value_time]"), ("christ's college", "christ s college"),
+     ("b&b", "bed and breakfast"), ("restaurant one seven", "restaurant 1 7"),
+     ("north-east", "north east"), ("12.50", "[value_price]"), ("a.b", "a . b")],
+)  # fmt: skip
+def test_values_go_through_the_official_query_normalisation(value, as_queried):
+    assert official_value(value) == as_queried
+
+
+def test_official_time_constraints_compare_with_the_placeholder_string(db):
+    trains = {"day": "saturday", "departure": "birmingham new street", "destination": "cambridge"}
+    every = db.query("train", trains)
+    leave = {**trains, "leaveAt": official_value("10:00")}
+    arrive = {**trains, "arriveBy": official_value("10:00")}
+    # "leaveAt > '[value_time]'" holds for no time, "arriveBy < '[value_time]'" for every one
+    assert every and db.query("train", leave) == [] and db.query("train", arrive) == every
