@@ -35,12 +35,12 @@ from pipeline.models.utterances import split_utterances
 
 class HRTConfig(TransformerSelectConfig):
     """``all_states``: attend candidates to every recurrent state (HRT-All) instead of the
-    last one (HRT-Last). ``shared_highway``: one highway module for the recurrence and
-    both matching directions (the paper's description); False gives the recurrence its
-    own module, as the MiuLab code does."""
+    last one (HRT-Last). The recurrence has its own highway module and the
+    context<->candidate matching another (used in both directions), as the authors' code
+    (MiuLab, DSTC7 track 1) builds them; ``shared_highway: True`` ties the two into one."""
 
     all_states: bool = False
-    shared_highway: bool = True
+    shared_highway: bool = False
 
 
 @register("hrt_last", Task.SELECT, HRTConfig, all_states=False)

@@ -300,7 +300,7 @@ def test_recurrence_and_score_equal_manual_computation():
         with torch.no_grad():
             states = [encode(utts[0], speakers[0])]
             for u, s in zip(utts[1:], speakers[1:], strict=True):
-                states.append(model.highway(encode(u, s)[None], states[-1][None])[0])
+                states.append(model.recurrence(encode(u, s)[None], states[-1][None])[0])
             last, last_mask, every, every_mask = model.encode_context(batch.history)
             assert int(last_mask[0].sum()) == len(utts[-1])
             assert torch.allclose(last[0][last_mask[0]], states[-1], atol=1e-5)
@@ -319,7 +319,7 @@ def test_recurrence_and_score_equal_manual_computation():
     "overrides",
     [
         dict(),
-        dict(shared_highway=False),
+        dict(shared_highway=True),
         dict(highway_formula=HighwayFormula.PAPER_EQ3),
     ],
 )
@@ -338,14 +338,14 @@ def test_padding_and_batch_composition_do_not_change_scores(name, overrides):
         assert torch.allclose(reordered, scores[[3, 1]], atol=1e-5)
 
 
-def test_highway_module_is_shared():
-    model = build("hrt_last")
+def test_recurrence_and_matching_have_their_own_highway_modules():
+    model = build("hrt_last")  # the authors' code: two modules
     highways = [m for m in model.modules() if isinstance(m, HighwayAttention)]
-    assert len(highways) == 1 and model.recurrence is model.highway
-    assert model.recurrence.mha.q_proj.weight is model.highway.mha.q_proj.weight
-    separate = build("hrt_last", shared_highway=False)
-    assert separate.recurrence is not separate.highway
-    assert count_parameters(separate) - count_parameters(model) == count_parameters(model.highway)
+    assert len(highways) == 2 and model.recurrence is not model.highway
+    shared = build("hrt_last", shared_highway=True)
+    assert shared.recurrence is shared.highway
+    assert shared.recurrence.mha.q_proj.weight is shared.highway.mha.q_proj.weight
+    assert count_parameters(model) - count_parameters(shared) == count_parameters(model.highway)
 
 
 def test_gradients_reach_every_parameter():
