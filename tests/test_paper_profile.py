@@ -1,85 +1,144 @@
-"""profiles/paper.yaml's MultiWOZ runs build from the corpus' tokenize record and learn.
+"""Every run of profiles/paper.yaml builds from its corpus' tokenize record, learns and
+evaluates: what would crash the profile at scale shows on one batch here.
+
+Each corpus is tokenized with the profile's own settings from real files (the shared
+mirror: PTB, PersonaChat's validation file, MultiWOZ 2.0's validation and test dialogues;
+the Cornell and DSTC7 fixtures written from their specs). Where the mirror lacks a
+training split, validation dialogues stand in for it. Every run (train and tune) is then
+built at paper size the way the train stage builds it, takes one optimiser step on a
+training batch, and runs the evaluate stage's path on one test batch: the task loss and,
+for generate models, the profile's decodings.
 
 The act models (HIER++, SET++, HIER-CLS) take the act vector's width from the data's act
 inventory: they once fixed the paper's 44 (HDSA's inventory of MultiWOZ 2.0) while our
-data builds its own, and the profile crashed on the first batch. Here every MultiWOZ run
-of the profile is built at paper size the way the train stage builds it and takes one
-optimiser step on a real batch (the shared MultiWOZ 2.0 files: validation dialogues stand
-in for the training split the mirror lacks).
+data builds its own, and the profile crashed on the first batch.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.config import load_params, parse_params
+from pipeline.config import Task, load_params, parse_params
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.tokenize import tokenize_corpus
+from pipeline.decode import generate
+from pipeline.eval.evaluate import decode_config
+from pipeline.eval.perplexity import example_nll
 from pipeline.models import registry
 from pipeline.train.job import model_config
 
 REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PAPER = load_params(REPO / "profiles" / "paper.yaml")
+RUNS = sorted(
+    (key, target.model, target.corpus.value)
+    for key, target in [*PAPER.train.runs.items(), *PAPER.tune.runs.items()]
+)
 
 
-def convlab_part(shared: Path, part: str, n: int, skip: int = 0) -> dict:
+def _convlab_part(shared: Path, part: str, n: int, skip: int = 0) -> dict:
     with zipfile.ZipFile(shared / "multiwoz" / "convlab1" / f"{part}.json.zip") as zf:
         dialogues = json.loads(zf.read(f"{part}.json"))
     return dict(list(dialogues.items())[skip : skip + n])
 
 
+def _personachat_dialogues(path: Path) -> list[list[str]]:
+    dialogues: list[list[str]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("1 "):
+            dialogues.append([])
+        dialogues[-1].append(line)
+    return dialogues
+
+
+def _raw_folder(corpus: str, shared: Path, raw: Path) -> None:
+    """A small raw folder of ``corpus`` in its release layout."""
+    if corpus == "multiwoz":
+        parts = {
+            "train": _convlab_part(shared, "val", 40),
+            "val": _convlab_part(shared, "val", 5, skip=40),
+            "test": _convlab_part(shared, "test", 5),
+        }
+        for name, dialogues in parts.items():
+            (raw / f"{name}.json").write_text(json.dumps(dialogues))
+    elif corpus == "ptb":
+        for part in ("train", "valid", "test"):
+            lines = (shared / "ptb" / f"ptb.{part}.txt").read_text().splitlines(keepends=True)
+            (raw / f"ptb.{part}.txt").write_text("".join(lines[:300]))
+    elif corpus == "personachat":
+        source = shared / "personachat" / "valid_self_original_no_cands.txt"
+        dialogues = _personachat_dialogues(source)
+        for part, chosen in (("train", dialogues[:30]), ("valid", dialogues[30:35]),
+                             ("test", dialogues[35:40])):  # fmt: skip
+            text = "\n".join(line for d in chosen for line in d) + "\n"
+            (raw / f"{part}_self_original_no_cands.txt").write_text(text)
+    else:  # cornell, dstc7: the fixtures written from the corpora's specs
+        shutil.copytree(FIXTURES / corpus, raw, dirs_exist_ok=True)
+
+
 @pytest.fixture(scope="module")
-def multiwoz_record(shared_data: Path, tmp_path_factory: pytest.TempPathFactory):
-    """MultiWOZ 2.0 tokenized with the paper profile's settings (ConvLab layout)."""
-    root = tmp_path_factory.mktemp("paper-multiwoz")
-    raw = root / "raw"
-    raw.mkdir()
-    for name, dialogues in (
-        ("train", convlab_part(shared_data, "val", 40)),
-        ("val", convlab_part(shared_data, "val", 5, skip=40)),
-        ("test", convlab_part(shared_data, "test", 5)),
-    ):
-        (raw / f"{name}.json").write_text(json.dumps(dialogues))
-    settings = PAPER.tokenize.model_dump(mode="json")
-    params = parse_params({"tokenize": settings, "corpora": ["multiwoz"]})
-    shards = root / "shards"
-    record = tokenize_corpus("multiwoz", raw, shards, params, progress=False)
-    return record, shards
+def records(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each corpus of the profile tokenized with the profile's settings (on demand)."""
+    made: dict[str, tuple] = {}
+
+    def record(corpus: str) -> tuple:
+        if corpus not in made:
+            root = tmp_path_factory.mktemp(f"paper-{corpus}")
+            raw = root / "raw"
+            raw.mkdir()
+            _raw_folder(corpus, shared_data, raw)
+            settings = PAPER.tokenize.model_dump(mode="json")
+            params = parse_params({"tokenize": settings, "corpora": [corpus]})
+            shards = root / "shards"
+            made[corpus] = (tokenize_corpus(corpus, raw, shards, params, progress=False), shards)
+        return made[corpus]
+
+    return record  # type: ignore[return-value]
 
 
-MULTIWOZ_RUNS = sorted(
-    (key, target.model)
-    for key, target in [*PAPER.train.runs.items(), *PAPER.tune.runs.items()]
-    if target.corpus == "multiwoz"
-)
-
-
-def test_the_profile_has_every_multiwoz_setting():
-    models = {model for _, model in MULTIWOZ_RUNS}
+def test_the_profile_has_every_seed_table_setting():
+    models = {model for _, model, _ in RUNS}
     assert {"hier", "hier_cls", "hier_pp", "set_pp", "set", "mat", "transformer"} <= models
+    assert {"unet", "s2sa", "vhred", "vhcr", "hrt_all", "hrt_last", "hgpt", "gpt"} <= models
+    assert {corpus for _, _, corpus in RUNS} == {"cornell", "personachat", "multiwoz",
+                                                 "dstc7", "ptb"}  # fmt: skip
 
 
-@pytest.mark.slow  # builds and steps ten paper-size models (~20 s)
-@pytest.mark.parametrize(("key", "model"), MULTIWOZ_RUNS)
-def test_a_multiwoz_run_builds_from_the_record_and_takes_a_step(multiwoz_record, key, model):
-    record, shards = multiwoz_record
-    assert record.n_acts is not None and record.n_acts != 44  # the data's own inventory
-    run = PAPER.train.run(model, "multiwoz")
+@pytest.mark.slow  # builds, steps and evaluates every paper-size model of the profile
+@pytest.mark.parametrize(("key", "model", "corpus"), RUNS)
+def test_a_run_builds_from_the_record_learns_and_evaluates(records, key, model, corpus):
+    record, shards = records(corpus)
+    task = registry.spec(model).task
+    run = PAPER.train.run(model, corpus)
     config = model_config(model, record.data_sizes(), run.model, f"train.models.{model}")
     if "n_acts" in type(config).DATA_FIELDS:
-        assert config.n_acts == record.n_acts
+        assert config.n_acts == record.n_acts and record.n_acts != 44  # the data's own
     torch.manual_seed(0)
     net = registry.build_from_config(model, config)
-    batch = next(iter(BatchLoader(open_split(shards, "generate", "train"), 2, shuffle=False)))
+    train = next(iter(BatchLoader(open_split(shards, task.value, "train"), 2, shuffle=False)))
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    first = net.loss(batch).loss
+    net.train()
+    first = net.loss(train).loss
     first.backward()
     optimizer.step()
-    assert torch.isfinite(first)
+    assert torch.isfinite(first), key
+
+    net.eval()
+    test = next(iter(BatchLoader(open_split(shards, task.value, "test"), 2, shuffle=False)))
     with torch.no_grad():
-        assert net.loss(batch).loss < first  # one step on the batch lowers its loss
+        if task is Task.SELECT:
+            scores = net.score(test)
+            assert scores.shape[0] == test.labels.shape[0] and torch.isfinite(scores).all()
+        else:
+            nll = example_nll(net, test, latent_samples=2)
+            assert torch.isfinite(nll.nll_sum).all() and (nll.n_tokens > 0).all(), key
+        if task is Task.GENERATE:
+            for decode in PAPER.evaluate.models.get(model, PAPER.evaluate.decodes):
+                out = generate(net, test, decode_config(decode, 4))
+                assert out.tokens.shape[0] == 2, (key, decode)
