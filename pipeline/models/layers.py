@@ -474,7 +474,8 @@ class DecoderCache:
 
 class Decoder(nn.Module):
     """Token embedding + sinusoidal positions + ``n_layers`` decoder layers + output
-    projection tied to the embedding.
+    projection, tied to the embedding unless ``tie_output`` is False (the U-Net authors'
+    code projects with its own matrix).
 
     ``memory`` is one tensor ``[B, Lm, d_memory]`` shared by all layers, or a list with
     one memory per layer (U-Net's per-layer attention); ``memory_mask`` likewise
@@ -493,6 +494,7 @@ class Decoder(nn.Module):
         d_memory: int | list[int] | None = None,
         pad_id: int = 0,
         attention_dropout: float | None = None,
+        tie_output: bool = True,
     ) -> None:
         super().__init__()
         d_memories = d_memory if isinstance(d_memory, list) else [d_memory] * n_layers
@@ -504,7 +506,8 @@ class Decoder(nn.Module):
         )
         self.dropout = nn.Dropout(dropout)
         self.output = nn.Linear(d_model, vocab_size, bias=False)
-        self.output.weight = self.embed.weight
+        if tie_output:
+            self.output.weight = self.embed.weight
 
     def init_cache(self) -> DecoderCache:
         return DecoderCache([DecoderLayerCache() for _ in self.layers])

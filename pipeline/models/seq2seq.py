@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import Field
 from torch import Tensor, nn
 
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import Seq2SeqModel
+from pipeline.models.base import AttentionModelConfig, Seq2SeqModel
 from pipeline.models.layers import (
     Decoder,
     DecoderCache,
@@ -70,10 +71,20 @@ class EncoderMemory:
     masks: Tensor | list[Tensor]
 
 
+class EncoderDecoderConfig(AttentionModelConfig):
+    """What every flat-history encoder-decoder has: ``n_segments`` utterance embeddings
+    and whether the output projection is the token embedding (``tie_output``; the U-Net
+    authors' code has its own output matrix, which the paper profile follows)."""
+
+    n_segments: int = Field(32, ge=1)
+    tie_output: bool = True
+
+
 class EncoderDecoder(Seq2SeqModel):
     """History embedding -> ``encode_embedded`` (the subclass's stack) -> ``layers.Decoder``.
 
-    Encoder and decoder share the token embedding, which is also the output projection.
+    Encoder and decoder share the token embedding; it is also the output projection
+    unless ``tie_output`` is False.
     """
 
     def __init__(
@@ -88,6 +99,7 @@ class EncoderDecoder(Seq2SeqModel):
         n_segments: int,
         d_memory: int | list[int] | None = None,
         attention_dropout: float | None = None,
+        tie_output: bool = True,
     ) -> None:
         super().__init__()
         self.decoder = Decoder(
@@ -101,6 +113,7 @@ class EncoderDecoder(Seq2SeqModel):
             d_memory,
             PAD_ID,
             attention_dropout,
+            tie_output,
         )
         self.embedding = HistoryEmbedding(self.decoder.embed, n_segments, dropout)
 

@@ -21,16 +21,15 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from pipeline.config import Task
-from pipeline.models.base import AttentionModelConfig
 from pipeline.models.layers import (
     EncoderStack,
     padding_mask,
 )
 from pipeline.models.registry import register
-from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory
+from pipeline.models.seq2seq import EncoderDecoder, EncoderDecoderConfig, EncoderMemory
 
 
-class TransformerConfig(AttentionModelConfig):
+class TransformerConfig(EncoderDecoderConfig):
     """Sizes of the U-Net paper's Transformer: d=256, 6+6 layers, 8 heads of 64, FFN 1024.
 
     ``d_head`` is the per-head key/value size; the paper keeps 64 (so 8 heads span 512, not
@@ -43,7 +42,6 @@ class TransformerConfig(AttentionModelConfig):
     n_heads: int = Field(8, ge=1)
     d_head: int | None = Field(64, ge=1)
     d_ff: int = Field(1024, ge=1)
-    n_segments: int = Field(32, ge=1)
 
 
 class AdjTransformerConfig(TransformerConfig):
@@ -94,6 +92,7 @@ class Transformer(EncoderDecoder):
             c.dropout,
             c.n_segments,
             attention_dropout=c.attention_dropout_p,
+            tie_output=c.tie_output,
         )
         self.config = config
         self.encoder = TransformerEncoder(

@@ -54,13 +54,12 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from pipeline.config import Task
-from pipeline.models.base import AttentionModelConfig
 from pipeline.models.layers import FeedForward, MultiHeadAttention, xavier_
 from pipeline.models.registry import register
-from pipeline.models.seq2seq import EncoderDecoder, EncoderMemory
+from pipeline.models.seq2seq import EncoderDecoder, EncoderDecoderConfig, EncoderMemory
 
 
-class UNetConfig(AttentionModelConfig):
+class UNetConfig(EncoderDecoderConfig):
     """The U-Net paper's sizes and the ablation switches (defaults: the full U-Net)."""
 
     d_model: int = Field(256, ge=1)
@@ -70,7 +69,6 @@ class UNetConfig(AttentionModelConfig):
     d_head: int | None = Field(64, ge=1)
     d_ff: int = Field(1024, ge=1)
     width_growth: float = Field(math.sqrt(2), ge=1.0)
-    n_segments: int = Field(32, ge=1)
     skip: bool = True
     conv: bool = True
     down_up: bool = Field(True, validate_default=True)
@@ -332,6 +330,7 @@ class UNetTransformer(EncoderDecoder):
             c.n_segments,
             d_memory,
             c.attention_dropout_p,
+            c.tie_output,
         )
         self.config = config
         self.encoder = UNetEncoder(c)
