@@ -52,6 +52,8 @@ class Scheme(StrEnum):
 def load_predictions(path: Path) -> dict[str, list[Prediction]]:
     """A predictions file (module docstring), checked whole: a ``DataError`` names the
     file and the dialogue and turn that do not fit."""
+    if not path.is_file():
+        raise DataError(path, "no such predictions file; give --predictions FILE.json")
     data = load_json(path)
     if not isinstance(data, dict):
         raise DataError(path, "expected a JSON object {dialogue_id: [turn, ...]}")
@@ -87,6 +89,8 @@ def _is_state(state: Any) -> bool:
 
 def load_test_dialogues(data: Path) -> dict[str, Dialogue]:
     """The test dialogues of a MultiWOZ release folder, keyed by lowercased id."""
+    if not data.is_dir():
+        raise DataError(data, "no such folder; give --data DIR holding test.json and db/")
     dialogues = multiwoz_format.read(data, Split.TEST, ParseContext())
     return {d.id.lower(): d for d in dialogues}
 

@@ -191,7 +191,7 @@ def test_score_command_prints_json_last(shared_data, release, capsys):
     assert "reading" in err
 
 
-def test_bad_predictions_name_the_file_and_turn(tmp_path, release):
+def test_bad_predictions_name_the_file_and_turn(tmp_path, release, capsys):
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({"sng0073": [{"response": "hi"}, {"state": {}}]}))
     with pytest.raises(DataError, match=r"p\.json.*'sng0073', turn 1.*'response'"):
@@ -199,10 +199,15 @@ def test_bad_predictions_name_the_file_and_turn(tmp_path, release):
     bad.write_text(json.dumps({"sng0073": [{"response": "hi", "state": {"taxi": "x"}}]}))
     with pytest.raises(DataError, match="'state' must be"):
         load_predictions(bad)
+    with pytest.raises(DataError, match="no such predictions file"):
+        load_predictions(tmp_path / "missing.json")
     unknown = tmp_path / "u.json"
     unknown.write_text(json.dumps({"xyz123": [{"response": "hi"}]}))
     args = ["score", "multiwoz", "--predictions", str(unknown), "--data", str(release)]
     assert main(args) == 2
+    capsys.readouterr()
+    assert main([*args[:-1], str(tmp_path / "nowhere")]) == 2
+    assert "no such folder" in capsys.readouterr().err
 
 
 def test_booked_domains_from_metadata():
