@@ -58,6 +58,11 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     ):
         assert f"| {key} |" in text
     assert "#### U-Net Transformer, Tables 1-2" in text and "50 samples" in text
+    # how every number was computed, the BLEU signature of the corpus included
+    assert "## Metric conventions" in text
+    assert "chitchat: `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+    # the paper's rows under the U-Net table, with its corpora
+    assert "In the paper (U-Net paper, Table 2; PersonaChat" in text
     out = root / "reports"
     for name in ("learning_curves", "metrics", "length_vs_loss", "attention_masks", "unet_widths"):
         assert f"]({name}.png)" in text
