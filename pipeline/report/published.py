@@ -73,6 +73,12 @@ PAPERS: dict[str, tuple[PaperTable, ...]] = {
             "unet_per_layer_att": (3.610, 37.72), "unet": (3.581, 36.86),
         })),
     ),
+    "U-Net Transformer, Table 6": (
+        PaperTable("U-Net paper, Table 6", "Cornell Movie-Dialogs", _FULL, {
+            "transformer": {"test_ppl": 48.30}, "transformer_skip": {"test_ppl": 48.92},
+            "transformer_skip_conv": {"test_ppl": 47.09}, "unet": {"test_ppl": 46.87},
+        }),
+    ),
     "U-Net Transformer, Tables 4-5": (
         PaperTable("U-Net paper, Table 4", "Cornell Movie-Dialogs", f"{_FULL}; greedy",
                    _rows(_CHATEVAL, {
@@ -151,6 +157,10 @@ CLAIMS: dict[str, tuple[Claim, ...]] = {
         Claim("unet", "transformer", "test_ppl"),
         Claim("transformer", "s2sa", "test_ppl"),
         Claim("vhred", "hred", "test_ppl"),
+    ),
+    "U-Net Transformer, Table 6": (
+        Claim("transformer_skip_conv", "transformer_skip", "test_ppl"),
+        Claim("unet", "transformer_skip_conv", "test_ppl"),
     ),
     "U-Net Transformer, Tables 4-5": (
         Claim("unet", "transformer", "embedding_extrema"),
@@ -250,12 +260,11 @@ def _claim_line(table: Table, claim: Claim) -> str | None:
 
 def _significance(table: Table, claim: Claim, better: Cell, worse: Cell) -> str:
     """The paired test of the table, where it compared the two (one is the baseline)."""
-    if table.baseline == claim.worse and better.comparison is not None:
-        c = better.comparison
-    elif table.baseline == claim.better and worse.comparison is not None:
-        c = worse.comparison
-    else:
-        return " (not tested: neither is the table's baseline, or no test ran)"
+    if table.baseline not in (claim.better, claim.worse):
+        return " (not tested: neither is the table's baseline)"
+    c = better.comparison if table.baseline == claim.worse else worse.comparison
+    if c is None:
+        return " (no paired test of this metric here)"
     # the table's marker decides (p < 0.05 and not within the seeds' own variation)
     verdict = "significant" if c.marker else "not significant"
     return f", {verdict} (paired bootstrap, p = {min(c.p_better, c.p_worse):.3f})"
