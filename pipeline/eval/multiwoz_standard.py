@@ -333,10 +333,12 @@ def standardized_rates(
             raise ValueError(f"prediction for dialogue {did!r}, which the data does not hold")
         dialogue = dialogues[did]
         gold = gold_states(dialogue)
+        booked = [dialogue.turns[i].booked for i in system_turns(dialogue)]
         if len(turns) != len(gold):
             # as the evaluator: the turns both have (a few 2.1 dialogues differ from 2.2's)
             mismatched.append(did)
-            turns = turns[: len(gold)]
+            n = min(len(turns), len(gold))
+            turns, gold, booked = turns[:n], gold[:n], booked[:n]
         raw_states = [p.state for p in turns] if with_states else gold
         states = [norm.state(s or {}) for s in raw_states]
         if with_domains:
@@ -347,7 +349,6 @@ def standardized_rates(
                 norm.placeholder_domains(p.response) or e
                 for p, e in zip(turns, estimates, strict=True)
             ]
-        booked = [dialogue.turns[i].booked for i in system_turns(dialogue)]
         result = score_dialogue(
             parse_goal(dialogue.meta.get("goal") or {}),
             [normalizer(p.response) for p in turns],
