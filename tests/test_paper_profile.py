@@ -163,3 +163,13 @@ def test_u_net_family_is_sized_as_the_authors_code():
     assert round(counts["adj_transformer"] / 1e6, 1) == 27.2
     unet = _paper_size("unet", 20_000)
     assert unet.decoder.output.weight is not unet.decoder.embed.weight  # untied
+
+
+def test_table_2_uses_the_authors_experiment_ct_mask():
+    """HIER and MAT of Table 2 run the CT-mask of the authors' NAACL experiment code; the
+    oracle-act models keep the library's (the default)."""
+    sizes = DataSizes(vocab_size=100, n_acts=5)
+    for model, mask in (("hier", "hier_naacl"), ("mat", "hier_naacl"), ("hier_pp", "hier")):
+        run = PAPER.train.run(model, "multiwoz")
+        config = model_config(model, sizes, run.model, f"train.models.{model}")
+        assert config.context_mask == mask, model
