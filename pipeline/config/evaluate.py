@@ -75,6 +75,10 @@ class Word2VecParams(Section):
     )
 
 
+# Importance samples of a latent-variable model's test NLL: the VHRED/VHCR papers' K.
+LATENT_SAMPLES = 100
+
+
 class EvaluateParams(Section):
     """``evaluate``: the test split of every trained seed of a run."""
 
@@ -94,7 +98,7 @@ class EvaluateParams(Section):
     )
     n_samples: int = Field(default=5, ge=0, description="histories shown in samples.md")
     latent_samples: int = Field(
-        default=100,
+        default=LATENT_SAMPLES,
         ge=1,
         description="VHRED/VHCR: posterior draws of the importance-sampled test NLL (K)",
     )

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from pipeline.config.evaluate import LATENT_SAMPLES
 from pipeline.data.batch import GenerateBatch, History, LMBatch
 from pipeline.models.base import LanguageModel, LatentVariableModel, Seq2SeqModel
-
-# Importance samples of a latent-variable model's test NLL: the VHRED/VHCR papers' K.
-LATENT_SAMPLES = 100
 
 
 def _scalar(value: float | Tensor) -> float:

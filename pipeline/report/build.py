@@ -196,17 +196,20 @@ def conventions(runs: list[RunResult], bleu_tokenize: dict[str, str]) -> list[st
             f"{c}: `{bleu_signature(bleu_tokenize.get(c, DEFAULT_TOKENIZE))}`" for c in corpora
         )
         lines += [
-            f"- BLEU: sacrebleu corpus BLEU on lowercased word-tokenised text ({signatures}). "
-            "MultiWOZ tables add the HT-Encoder paper's GO_/EOS_-wrapped BLEU "
-            "(`BLEU (HIER scorer)`), which reads 0.6-2 points higher.",
+            f"- BLEU: sacrebleu corpus BLEU on lowercased word-tokenised text ({signatures}).",
             "- ChatEval (Sedoc et al. 2019): distinct-n over words; embedding average and "
             "extrema on unit-normalised word vectors, pairs whose response has no known word "
             "skipped (`Emb skipped`); greedy matching symmetric.",
-            "- MultiWOZ Inform/Success: `official` = the original evaluator's rules (what the "
-            "HT-Encoder paper reports), `std.` = the standardized evaluator of Nekvinda & "
-            "Dusek 2021 (the field's current table); `python -m pipeline score multiwoz` "
-            "gives both for any predictions file.",
         ]
+        if any(corpus_spec(c).task_oriented for c in corpora):
+            lines += [
+                "- MultiWOZ tables add the HT-Encoder paper's GO_/EOS_-wrapped BLEU "
+                "(`BLEU (HIER scorer)`), which reads 0.6-2 points higher than sacrebleu.",
+                "- MultiWOZ Inform/Success: `official` = the original evaluator's rules (what "
+                "the HT-Encoder paper reports), `std.` = the standardized evaluator of "
+                "Nekvinda & Dusek 2021 (the field's current table); `python -m pipeline "
+                "score multiwoz` gives both for any predictions file.",
+            ]
     if "select" in tasks:
         lines.append(
             "- Recall@k and MRR over each example's candidates; ties ranked pessimistically."

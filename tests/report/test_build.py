@@ -61,6 +61,7 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     # how every number was computed, the BLEU signature of the corpus included
     assert "## Metric conventions" in text
     assert "chitchat: `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+    assert "MultiWOZ" not in text.split("## Results")[0]  # no task-oriented corpus here
     # the paper's rows under the U-Net table, with its corpora
     assert "In the paper (U-Net paper, Table 2; PersonaChat" in text
     out = root / "reports"
