@@ -40,7 +40,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError, computed_field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    computed_field,
+    model_validator,
+)
 from torch import nn
 
 from pipeline.errors import DataError
@@ -354,6 +361,8 @@ class TrainRecord(Record):
     corpus: str
     task: str
     seeds: list[TrainedSeed]
+    machine: str | None = Field(default=None, description="pipeline.machine.describe()")
+    commit: str | None = Field(default=None, description="pipeline.machine.code_version()")
 
     @model_validator(mode="after")
     def _has_seeds(self) -> Self:
@@ -393,6 +402,7 @@ class EvalRecord(Record):
     model: str
     corpus: str
     seeds: list[SeedMetrics]
+    wall_s: float | None = Field(default=None, description="seconds for every seed's evaluation")
 
 
 class ExampleResult(BaseModel):

@@ -129,6 +129,28 @@ def check_params(params: Params) -> None:
             )
     _check_model_overrides(params)
     _check_spaces(params)
+    _check_download_skip(params)
+
+
+def _check_download_skip(params: Params) -> None:
+    """``download.skip.<c>`` names splits corpus ``c`` has files for; skipping the
+    training file needs ``train_on: valid`` (else tokenize would find no training data)."""
+    from pipeline.data.corpora import corpus_spec
+
+    for corpus, splits in params.download.skip.items():
+        where = f"download.skip.{corpus}"
+        has = sorted({f.split for f in corpus_spec(corpus).files if f.split is not None})
+        for split in splits:
+            if split not in has:
+                files = f"only {', '.join(has)}" if has else "no per-split files"
+                raise ConfigError(where, f"{corpus} has {files}: remove {split!r}")
+        configured = params.tokenize.corpora.get(corpus)
+        if "train" in splits and (configured is None or configured.train_on != "valid"):
+            raise ConfigError(
+                where,
+                f"without its training file, {corpus} can only train on its validation "
+                f"dialogues: set tokenize.corpora.{corpus}.train_on: valid, or stop skipping train",
+            )
 
 
 def _registered(key: str, name: str, known: list[str]) -> None:

@@ -30,7 +30,7 @@ def select_params(params: Params, key: str) -> EvalSettings:
     except ValueError:
         raise ConfigError("evaluate", f"{key!r} does not end in a corpus name") from None
     return EvalSettings(
-        evaluate=params.evaluate,
+        evaluate=params.evaluate.for_corpus(corpus_name),
         corpus=params.tokenize.corpora[corpus_name],
         tracking=params.tracking,
     )

@@ -113,7 +113,12 @@ def _error(raw: dict) -> ConfigError:
 
 
 def test_shipped_profiles_validate_with_their_names_and_references() -> None:
-    for name in ("params.yaml", "profiles/tiny.yaml", "profiles/paper.yaml"):
+    for name in (
+        "params.yaml",
+        "profiles/tiny.yaml",
+        "profiles/paper.yaml",
+        "profiles/study.yaml",
+    ):
         parse_params(yaml.safe_load((REPO / name).read_text()))
 
 
@@ -223,3 +228,41 @@ def test_every_stage_script_stops_at_bad_params_before_any_work(
     bad.write_text(yaml.safe_dump(tiny))
     assert check.main(["--params", str(bad), "--out", str(out / "checked")]) == 0
     assert (out / "checked").read_text() == check.CHECKED
+
+
+def test_download_skip_is_checked_against_the_corpus_and_train_on() -> None:
+    corpora = {"multiwoz21": {"tasks": ["generate"]}}
+    base = {"corpora": ["multiwoz21"], "tokenize": {"corpora": corpora}}
+    with pytest.raises(ConfigError) as err:
+        parse_params({**base, "download": {"skip": {"multiwoz21": ["train"]}}})
+    assert err.value.key == "download.skip.multiwoz21"
+    assert "train_on: valid" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        parse_params({**base, "download": {"skip": {"chitchat": ["train"]}}})
+    assert err.value.key == "download.skip.chitchat" and "no per-split files" in str(err.value)
+    corpora["multiwoz21"]["train_on"] = "valid"  # type: ignore[assignment]
+    params = parse_params({**base, "download": {"skip": {"multiwoz21": ["train"]}}})
+    assert params.download.skip == {"multiwoz21": ("train",)}
+
+
+def test_evaluate_corpora_replace_only_the_keys_they_set() -> None:
+    params = parse_params(
+        {
+            "tokenize": {"corpora": {"chitchat": {}}},
+            "evaluate": {
+                "max_batches": 10,
+                "models": {"hier": [{"strategy": "greedy"}, {"strategy": "beam"}]},
+                "corpora": {
+                    "ptb": {"max_batches": None},
+                    "multiwoz21": {"decodes": [{"strategy": "greedy"}]},
+                },
+            },
+        }
+    )
+    ev = params.evaluate
+    assert ev.for_corpus("chitchat").max_batches == 10
+    assert [d.suffix for d in ev.for_corpus("chitchat").decodes_for("hier")] == ["", "_beam5"]
+    assert ev.for_corpus("ptb").max_batches is None
+    assert ev.for_corpus("ptb").decodes_for("hier") == ev.decodes_for("hier")
+    multiwoz = ev.for_corpus("multiwoz21")
+    assert multiwoz.max_batches == 10 and [d.suffix for d in multiwoz.decodes_for("hier")] == [""]

@@ -31,9 +31,11 @@ from pipeline.config.data import (
     VocabParams,
 )
 from pipeline.config.evaluate import (
+    CorpusEvaluateParams,
     DecodeParams,
     DecodeStrategy,
     EvaluateParams,
+    ReportParams,
     TrackingParams,
     Word2VecParams,
 )
@@ -70,6 +72,7 @@ class Params(Section):
     tune: TuneParams = TuneParams()
     tracking: TrackingParams = TrackingParams()
     evaluate: EvaluateParams = EvaluateParams()
+    report: ReportParams = ReportParams()
 
     @model_validator(mode="after")
     def _every_corpus_configured(self) -> Params:
@@ -174,11 +177,43 @@ def run_slice(params: Params, key: str, search: bool = False) -> Params:
 
 
 __all__ = [
-    "CorpusName", "CorpusParams", "DecodeParams", "DecodeStrategy", "DownloadParams",
-    "EvaluateParams", "GenerateParams", "LMParams", "OnError", "OptimizerKind",
-    "OptimizerParams", "Params", "PlacementStrategy", "Precision", "RunParams", "RunTarget",
-    "ScaleParams", "ScheduleKind", "ScheduleParams", "SearchDim", "SearchKind", "SearchSpace",
-    "Section", "SelectParams", "SplitParams", "Task", "TokenizeParams", "TrackingParams",
-    "TrainParams", "TuneParams", "VocabParams", "Word2VecParams", "load_params",
-    "merge_params", "parse_params", "run_key", "run_slice",
+    "CorpusEvaluateParams",
+    "CorpusName",
+    "CorpusParams",
+    "DecodeParams",
+    "DecodeStrategy",
+    "DownloadParams",
+    "EvaluateParams",
+    "GenerateParams",
+    "LMParams",
+    "OnError",
+    "OptimizerKind",
+    "OptimizerParams",
+    "Params",
+    "PlacementStrategy",
+    "Precision",
+    "ReportParams",
+    "RunParams",
+    "RunTarget",
+    "ScaleParams",
+    "ScheduleKind",
+    "ScheduleParams",
+    "SearchDim",
+    "SearchKind",
+    "SearchSpace",
+    "Section",
+    "SelectParams",
+    "SplitParams",
+    "Task",
+    "TokenizeParams",
+    "TrackingParams",
+    "TrainParams",
+    "TuneParams",
+    "VocabParams",
+    "Word2VecParams",
+    "load_params",
+    "merge_params",
+    "parse_params",
+    "run_key",
+    "run_slice",
 ]  # fmt: skip

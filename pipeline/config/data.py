@@ -15,6 +15,10 @@ from pipeline.config.sections import CorpusName, OnError, Section
 # --------------------------------------------------------------------------- data
 
 
+# The split names as params spell them (``pipeline.data.splits.Split`` is the enum).
+SplitName = Literal["train", "valid", "test"]
+
+
 class DownloadParams(Section):
     """``download``: where corpora come from."""
 
@@ -25,6 +29,11 @@ class DownloadParams(Section):
     )
     retries: int = Field(default=4, ge=0, le=20)
     timeout_s: float = Field(default=60.0, gt=0)
+    skip: dict[CorpusName, tuple[SplitName, ...]] = Field(
+        default_factory=dict,
+        description="per corpus, splits whose files are not fetched (a machine with only "
+        "MultiWOZ's validation and test files: {multiwoz21: [train]}, with train_on: valid)",
+    )
 
 
 class SplitParams(Section):
@@ -95,6 +104,12 @@ class CorpusParams(Section):
     lm: LMParams = LMParams()
     max_dialogues: int | None = Field(
         default=None, gt=0, description="keep only the first N dialogues per split (tiny runs)"
+    )
+    train_on: Literal["train", "valid"] = Field(
+        default="train",
+        description="valid: the corpus's validation dialogues are the training data, a "
+        "seeded `split.valid` fraction of them held out for validation; the test split is "
+        "the corpus's own (a machine without the training file; the report says so)",
     )
 
     @model_validator(mode="after")

@@ -9,7 +9,7 @@ from pydantic import (
     field_validator,
 )
 
-from pipeline.config.sections import Section
+from pipeline.config.sections import CorpusName, Section
 
 # --------------------------------------------------------------------------- tracking
 
@@ -79,12 +79,33 @@ class Word2VecParams(Section):
 LATENT_SAMPLES = 100
 
 
+class CorpusEvaluateParams(Section):
+    """``evaluate.corpora.<corpus>``: what differs on one corpus (only the keys given)."""
+
+    max_batches: int | None = Field(
+        default=None, gt=0, description="null: the whole test split (PTB perplexity, MultiWOZ)"
+    )
+    decodes: tuple[DecodeParams, ...] = Field(
+        default=(DecodeParams(),), description="every generate model's decodings here"
+    )
+
+    @field_validator("decodes")
+    @classmethod
+    def _decodes(cls, decodes: tuple[DecodeParams, ...]) -> tuple[DecodeParams, ...]:
+        _check_decodes(decodes)
+        return decodes
+
+
 class EvaluateParams(Section):
     """``evaluate``: the test split of every trained seed of a run."""
 
     batch_size: int = Field(default=32, gt=0)
     max_batches: int | None = Field(
         default=None, gt=0, description="quick runs: only the first N test batches"
+    )
+    corpora: dict[CorpusName, CorpusEvaluateParams] = Field(
+        default_factory=dict,
+        description="per corpus, the keys that differ (max_batches, decodes)",
     )
     decodes: tuple[DecodeParams, ...] = Field(
         default=(DecodeParams(),), description="generate models: greedy (always) and others"
@@ -121,6 +142,16 @@ class EvaluateParams(Section):
                 raise ValueError(f"{name}: {err}") from None
         return models
 
+    def for_corpus(self, corpus: CorpusName | str) -> EvaluateParams:
+        """These settings with the keys ``corpora.<corpus>`` sets replaced."""
+        if corpus not in self.corpora:
+            return self
+        own = self.corpora[CorpusName(corpus)]
+        update = {name: getattr(own, name) for name in own.model_fields_set}
+        if "decodes" in update:  # they replace every model's decodings on this corpus
+            update["models"] = {}
+        return self.model_copy(update=update)
+
     def decodes_for(self, model: str) -> tuple[DecodeParams, ...]:
         """The decodings ``model`` is evaluated with."""
         return self.models.get(model, self.decodes)
@@ -132,3 +163,13 @@ def _check_decodes(decodes: tuple[DecodeParams, ...]) -> None:
         raise ValueError("add {strategy: greedy}: every generate model is decoded greedily")
     if len(set(suffixes)) != len(suffixes):
         raise ValueError(f"two decodings share a metric suffix: {suffixes}")
+
+
+class ReportParams(Section):
+    """``report``: where, besides ``reports/``, the report stage publishes its document."""
+
+    results: str | None = Field(
+        default=None,
+        description="a git-tracked Markdown file (results/STUDY.md in profiles/study.yaml) "
+        "the report stage writes with the run's verdicts, its figures in a folder beside it",
+    )

@@ -38,7 +38,8 @@ class SourceFile:
     """One file of a corpus: where it is fetched from, its digest, its mirror path.
 
     ``extract``: unpack it (zip/tar) into the corpus folder. ``target``: its path inside
-    the corpus folder (default: the URL's file name).
+    the corpus folder (default: the URL's file name). ``split``: the one split the file
+    holds, where a corpus ships a file per split (``download.skip`` names them).
     """
 
     url: str
@@ -46,6 +47,7 @@ class SourceFile:
     mirror_path: str
     extract: bool = False
     target: str | None = None
+    split: str | None = None
 
     @property
     def path(self) -> str:
@@ -128,7 +130,11 @@ def _convlab(base: str, folder: str, val_sha: str, test_sha: str) -> tuple[Sourc
     return (
         tuple(
             SourceFile(
-                f"{base}/{part}.json.zip", sha, f"multiwoz/{folder}/{part}.json.zip", extract=True
+                f"{base}/{part}.json.zip",
+                sha,
+                f"multiwoz/{folder}/{part}.json.zip",
+                extract=True,
+                split=Split.parse(part).value,
             )
             for part, sha in shas.items()
         )
@@ -153,7 +159,7 @@ CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
                 "ptb",
                 ptb.read,
                 tuple(
-                    SourceFile(f"{_PTB}/ptb.{part}.txt", sha, f"ptb/ptb.{part}.txt")
+                    SourceFile(f"{_PTB}/ptb.{part}.txt", sha, f"ptb/ptb.{part}.txt", split=part)
                     for part, sha in (
                         (
                             "train",

@@ -316,7 +316,10 @@ def download_spec(
         recorded = _read_sources(folder)
         files = dict(recorded)
         failures: list[str] = []
+        skipped = set(params.skip.get(spec.name, ()))
         for file in spec.files:
+            if file.split in skipped:
+                continue
             # Go on past a failure, so an offline user learns every missing file at once.
             try:
                 verified = _fetch_source(file, folder, recorded.get(file.path), params, progress)

@@ -8,6 +8,8 @@ the examples of each task the corpus's params ask for, and writes them with
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from pipeline.artifacts import (
     ShardFile,
     TokenizeRecord,
 )
-from pipeline.config import CorpusName, CorpusParams, Params, Task, TokenizeParams
+from pipeline.config import CorpusName, CorpusParams, Params, SplitParams, Task, TokenizeParams
 from pipeline.data.acts import ActInventory
 from pipeline.data.corpora import corpus_spec, read_corpus
 from pipeline.data.dialogue import Dialogue
@@ -30,7 +32,7 @@ from pipeline.data.formats import ParseStats, multiwoz
 from pipeline.data.records import ExampleTable
 from pipeline.data.shards import write_manifest, write_shards
 from pipeline.data.special import MODEL_ONLY_TOKENS
-from pipeline.data.splits import Split
+from pipeline.data.splits import Split, assign_splits
 from pipeline.data.vocab import build_vocab
 from pipeline.errors import ConfigError, DataError
 from pipeline.progress import Mode, Reporter
@@ -58,12 +60,30 @@ def read_splits(
         split_params=corpus.split,
         **options,
     )
+    if corpus.train_on == Split.VALID:
+        dialogues = _valid_as_train(dialogues, corpus.split)
     by_split: dict[str, list[Dialogue]] = {s.value: [] for s in Split}
     for d in dialogues:
         part = by_split.setdefault(str(d.meta.get("split", Split.TRAIN)), [])
         if corpus.max_dialogues is None or len(part) < corpus.max_dialogues:
             part.append(d)
     return by_split
+
+
+def _valid_as_train(dialogues: Iterable[Dialogue], split: SplitParams) -> list[Dialogue]:
+    """``train_on: valid``: the corpus's training dialogues are dropped, its validation
+    dialogues become the training split but for a seeded ``split.valid`` fraction held out
+    for validation; the test dialogues stay the corpus's own."""
+    kept = [d for d in dialogues if d.meta.get("split") != Split.TRAIN]
+    held_out = SplitParams(seed=split.seed, valid=split.valid, test=0.0)
+    valid_ids = [d.id for d in kept if d.meta.get("split") == Split.VALID]
+    assignment = assign_splits(valid_ids, held_out)
+    return [
+        d
+        if d.meta.get("split") != Split.VALID
+        else replace(d, meta={**d.meta, "split": assignment[d.id].value})
+        for d in kept
+    ]
 
 
 def encode_options(name: str, corpus: CorpusParams, train: list[Dialogue]) -> EncodeOptions:

@@ -37,6 +37,7 @@ are in the train manifest), prefixed ``eval/``.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -489,6 +490,7 @@ def evaluate_run(
     from pipeline.config import run_key
     from pipeline.models import registry
 
+    start = time.perf_counter()
     layout = Layout(Path(root).resolve())
     key = run_key(model_name, corpus)
     task = registry.spec(model_name).task
@@ -549,7 +551,8 @@ def evaluate_run(
             _log_to_mlflow(seed, result.metrics, seed_samples, layout.root)
     metrics = aggregate([s.metrics for s in per_seed])
     write_examples(out / PER_EXAMPLE_FILE, rows)
-    EvalRecord(model=model_name, corpus=corpus, seeds=per_seed).write(out / SEEDS_FILE)
+    wall = time.perf_counter() - start
+    EvalRecord(model=model_name, corpus=corpus, seeds=per_seed, wall_s=wall).write(out / SEEDS_FILE)
     write_metrics(layout.metrics(key), metrics)
     return metrics
 

@@ -62,7 +62,8 @@ class HighwayRecurrentTransformer(RankingModel):
         self, history: History, knowledge: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Run the recurrence. Returns the last state ``[B, Lu, d]`` and its mask, and all
-        states ``[B, U*Lu, d]`` with their mask (padding positions masked)."""
+        states' real positions ``[B, L, d]`` (L: the flat history's length) with their
+        mask (padding positions masked)."""
         utt = split_utterances(history, knowledge)
         b, n_utt, utt_len = utt.ids.shape
         positions = torch.arange(utt_len, device=utt.ids.device).expand(b * n_utt, utt_len)
@@ -86,8 +87,15 @@ class HighwayRecurrentTransformer(RankingModel):
             state = torch.where(has_current, new_state, state)
             state_mask = torch.where(has_current[..., 0], current_mask, state_mask)
             states.append(state)
-        all_states = torch.stack(states, 1).flatten(1, 2)
-        return state, state_mask, all_states, utt.mask.flatten(1, 2)
+        every, every_mask = torch.stack(states, 1).flatten(1, 2), utt.mask.flatten(1, 2)
+        # Most of the U x Lu grid is padding (utterances padded to the longest). Every real
+        # position is a token of the flat history, whose length bounds their count: keep
+        # the real positions first, in order, and cut there. Exact (the matching attends
+        # over them and max-pools them, order-free) and ~3x cheaper on HRT-All's matching.
+        keep = min(history.input_ids.shape[1], every_mask.shape[1])
+        order = torch.argsort((~every_mask).to(torch.int8), dim=1, stable=True)[:, :keep]
+        every = every.gather(1, order[..., None].expand(-1, -1, every.shape[-1]))
+        return state, state_mask, every, every_mask.gather(1, order)
 
     def score(self, batch: SelectBatch) -> Tensor:
         config = self.config

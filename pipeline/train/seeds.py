@@ -9,14 +9,17 @@ offset 1000 keeps seeds apart from the per-worker offsets (worker r seeds ``seed
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+from pipeline import machine
 from pipeline.artifacts import MANIFEST_FILE, MODEL_FILE, Layout, TrainRecord
 from pipeline.config import Params, parse_params, run_key
 from pipeline.models import registry
 from pipeline.train.run import train_run
 
 SEED_STRIDE = 1000
+WALL_SECONDS = "wall_s"  # train metric: seconds the seed's training took
 
 
 def seed_values(base: int, n: int) -> list[int]:
@@ -50,9 +53,18 @@ def train_seeds(
     for i, seed in enumerate(seeds):
         folder = out / f"seed-{i}" if len(seeds) > 1 else out
         seeded = with_seed(params, model, corpus, seed)
-        trained.append(train_run(seeded, model, corpus, root, show_progress, folder / MODEL_FILE))
+        start = time.perf_counter()
+        done = train_run(seeded, model, corpus, root, show_progress, folder / MODEL_FILE)
+        # Wall time of this process's training (a resumed run: since the resume).
+        wall = {WALL_SECONDS: time.perf_counter() - start}
+        trained.append(done.model_copy(update={"metrics": {**done.metrics, **wall}}))
     record = TrainRecord(
-        model=model, corpus=corpus, task=registry.spec(model).task.value, seeds=trained
+        model=model,
+        corpus=corpus,
+        task=registry.spec(model).task.value,
+        seeds=trained,
+        machine=machine.describe(),
+        commit=machine.code_version(layout.root),
     )
     record.write(out / MANIFEST_FILE)
     return record

@@ -340,3 +340,17 @@ def test_corpus_download_reports_every_failed_file(server: Server, tmp_path: Pat
     assert server.url("/a.txt") in message and server.url("/b.txt") in message
     sources = json.loads((tmp_path / "toy" / "SOURCES.json").read_text())
     assert list(sources["files"]) == ["ok.txt"]  # what did arrive is recorded
+
+
+def test_skipped_splits_are_not_fetched(server: Server, tmp_path: Path) -> None:
+    server.routes["/valid.txt"] = Route(payload=b"v")
+    files = tuple(
+        SourceFile(server.url(f"/{part}.txt"), None, f"toy/{part}.txt", split=part)
+        for part in ("train", "valid")
+    )
+    params = DownloadParams.model_validate({"retries": 0, "skip": {"chitchat": ["train"]}})
+    spec = CorpusSpec("chitchat", ptb.read, files, "a corpus with a file per split")
+    with pytest.warns(UserWarning, match="trusting it on first use"):
+        folder = download_spec(spec, tmp_path, params, progress=False)
+    assert sorted(p.name for p in folder.glob("*.txt")) == ["valid.txt"]
+    assert [path for path, _ in server.log] == ["/valid.txt"]

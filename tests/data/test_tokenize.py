@@ -167,3 +167,21 @@ def test_stage_reports_each_step_in_a_log_and_nothing_with_no_progress(
     assert lines[-1].startswith("tokenize chitchat: finished step 11/11 (100%) in ")
     assert stage.main([*argv, "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_train_on_valid_trains_on_validation_dialogues_and_tests_on_test(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    """The shared mirror has MultiWOZ's validation and test files only: ``train_on: valid``
+    trains on 90% of the validation dialogues, validates on the other 10%, tests on test."""
+    raw = shared_data / "multiwoz" / "convlab2"
+    params = tokenize_params("multiwoz21", train_on="valid")
+    by_split = read_splits("multiwoz21", raw, params, ParseStats())
+    ids = {split: {d.id for d in dialogues} for split, dialogues in by_split.items()}
+    assert (len(ids["train"]), len(ids["valid"]), len(ids["test"])) == (899, 100, 1000)
+    assert not ids["train"] & ids["valid"] and not (ids["train"] | ids["valid"]) & ids["test"]
+    again = read_splits("multiwoz21", raw, params, ParseStats())
+    assert {d.id for d in again["valid"]} == ids["valid"]  # seeded
+    official = read_splits("multiwoz21", raw, tokenize_params("multiwoz21"), ParseStats())
+    assert {d.id for d in official["valid"]} == ids["train"] | ids["valid"]
+    assert {d.id for d in official["test"]} == ids["test"]

@@ -305,6 +305,8 @@ def test_recurrence_and_score_equal_manual_computation():
             assert int(last_mask[0].sum()) == len(utts[-1])
             assert torch.allclose(last[0][last_mask[0]], states[-1], atol=1e-5)
             assert torch.allclose(every[0][every_mask[0]], torch.cat(states), atol=1e-5)
+            # all states come back compacted: real positions only, cut at the history length
+            assert every.shape[1] == batch.history.input_ids.shape[1] < 3 * 72
 
             context = torch.cat(states) if name == "hrt_all" else states[-1]
             for n, c in enumerate(cands):

@@ -127,6 +127,8 @@ def test_train_stage_end_to_end_with_mlflow_and_pyfunc(project, monkeypatch):
     (seed,) = record.seeds
     assert seed.checkpoint == "data/train/transformer-chitchat/model.pt"
     assert seed.metrics["steps"] == 6 and seed.metrics["epochs"] == 2
+    assert seed.metrics["wall_s"] > 0  # what the study's report states per run
+    assert "cores" in record.machine and "torch " in record.machine
     mf = seed.mlflow
     assert mf.model_version == "1" and mf.registered_model == "hiertx-transformer-chitchat"
     assert not mf.fallback and mf.experiment == "hiertx/generate/chitchat"
