@@ -331,6 +331,9 @@ class MlflowRef(BaseModel):
     model_version: str | None = None
 
 
+WALL_SECONDS = "wall_s"  # train metric of a seed: seconds its training took
+
+
 class TrainedSeed(BaseModel):
     """One trained model of a run: the exported weights, its Ray run and train metrics."""
 

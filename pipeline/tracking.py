@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import subprocess
 import sys
 import time
 import warnings
@@ -153,26 +152,6 @@ def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[name] = str(value)
     return out
-
-
-def git_commit(root: str | Path) -> str:
-    """``HEAD``'s commit (``+dirty`` if the tree has changes), or ``unknown``."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
-        )
-        if head.returncode != 0:
-            return "unknown"
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 def dvc_input_hashes(root: str | Path, inputs: list[str]) -> dict[str, str]:

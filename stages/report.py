@@ -28,7 +28,8 @@ from pipeline.report.build import build_report
 def select_params(params: Params, key: None = None) -> Params:
     """What this stage reads (``params:`` of ``report`` in dvc.yaml): the runs, the corpora
     and their tokenize settings and the bootstrap size; and ``tracking``, which only says
-    where the report is also logged (``stages.RECORDING_PARAMS``)."""
+    where the report is also logged (``stages.RECORDING_PARAMS``); and ``report``, where
+    it also writes the committed results document."""
     return Params.model_construct(
         corpora=params.corpora,
         tokenize=TokenizeParams.model_construct(corpora=params.tokenize.corpora),
@@ -38,6 +39,7 @@ def select_params(params: Params, key: None = None) -> Params:
             bootstrap_samples=params.evaluate.bootstrap_samples
         ),
         tracking=params.tracking,
+        report=params.report,
     )
 
 

@@ -8,6 +8,7 @@ experiment ``<prefix>/report``.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import warnings
 from dataclasses import dataclass
@@ -21,18 +22,19 @@ from pipeline.data.corpora import corpus_spec
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.splits import Split
 from pipeline.eval.text import DEFAULT_TOKENIZE, bleu_signature
+from pipeline.machine import code_version
 from pipeline.models.unet import UNetConfig
 from pipeline.report import plots
-from pipeline.report.published import paper_markdown
+from pipeline.report.published import tables_markdown
 from pipeline.report.references import chance_references, unigram_references
 from pipeline.report.results import RunResult, load_results
+from pipeline.report.study import write_study
 from pipeline.report.tables import (
     Table,
     build_tables,
     overview,
     overview_markdown,
     table_json,
-    table_markdown,
 )
 
 REPORT_FILE = "report.md"
@@ -61,6 +63,7 @@ class Report:
     tables: list[Table]
     figures: Figures
     mlflow_run_id: str | None
+    results: Path | None = None  # the committed document (report.results), if any
 
 
 # --------------------------------------------------------------------------- inputs
@@ -261,15 +264,7 @@ def render(
         "`chance` row: a random ranking of the candidates (R@k = k/N, MRR = H_N/N).",
         "",
     ]
-    corpus = None
-    for table in tables:
-        if table.corpus != corpus:
-            corpus = table.corpus
-            parts += [f"### Corpus: {corpus}", ""]
-        parts += [f"#### {table.title}", "", table_markdown(table), ""]
-        if paper := paper_markdown(table):
-            parts += [paper]
-    parts += ["## Figures", ""]
+    parts += [tables_markdown(tables), "## Figures", ""]
     parts += [
         _figure_md(
             "Learning curves",
@@ -340,7 +335,7 @@ def log_to_mlflow(
         run_name="report",
         tags={
             tracking.TAG_STAGE: "report",
-            tracking.TAG_GIT: tracking.git_commit(root),
+            tracking.TAG_GIT: code_version(root) or "unknown",
             **{
                 f"hiertx.covers.{r.key}": ",".join(
                     t.mlflow.run_id if t.mlflow else "-" for t in r.trained
@@ -382,4 +377,6 @@ def build_report(params: Params, root: str | Path = ".", seed: int = 0) -> Repor
         json.dumps({"tables": [table_json(t) for t in tables]}, indent=1) + "\n"
     )
     run_id = log_to_mlflow(params, root, out, runs, tables)
-    return Report(path, tables, figures, run_id)
+    shown = [f for f in dataclasses.astuple(figures) if f is not None]
+    results = write_study(params, root, runs, tables, shown)
+    return Report(path, tables, figures, run_id, results)

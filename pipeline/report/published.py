@@ -20,10 +20,11 @@ Tables 1, 2, 4, 5, the configuration our models default to).
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
-from pipeline.report.tables import Cell, Metric, Table
+from pipeline.report.tables import Cell, Metric, Table, table_markdown
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,14 @@ class PaperTable:
 
 @dataclass(frozen=True)
 class Claim:
-    """A comparison the paper draws: ``better`` beats ``worse`` on ``metric``."""
+    """A comparison the paper draws: ``better`` beats ``worse`` on ``metric``.
+    ``paper_metric``: the paper's column when it measured the same thing another way (its
+    official-scheme Success for our standardized one)."""
 
     better: str
     worse: str
     metric: str
+    paper_metric: str | None = None
 
 
 _FULL = "full training set, each model trained to its lowest validation loss"
@@ -173,6 +177,8 @@ CLAIMS: dict[str, tuple[Claim, ...]] = {
         Claim("hier", "transformer", "bleu_hier"),
         Claim("hier", "transformer", "success"),
         Claim("hier", "transformer", "combined"),
+        Claim("hier", "transformer", "inform_standardized", paper_metric="inform"),
+        Claim("hier", "transformer", "success_standardized", paper_metric="success"),
     ),
     "HT-Encoder (HIER), Table 3": (Claim("hier_pp", "set_pp", "combined"),),
     "Highway Recurrent Transformer, Table 1": (
@@ -219,15 +225,75 @@ def paper_markdown(table: Table) -> str:
             text = ["-" if v is None else _value(v, m) for v, m in zip(cells, shown, strict=True)]
             lines.append(f"| {model} | " + " | ".join(text) + " |")
         lines.append("")
-    claims = [_claim_line(table, c) for c in CLAIMS.get(key, ())]
-    claims = [c for c in claims if c]
-    if claims:
+    found = verdicts(table)
+    if found:
         lines += [f"The paper's comparisons, and ours ({table.corpus}, this run's scale):", ""]
-        lines += [f"- {c}" for c in claims] + [""]
+        lines += [f"- {v.line()}" for v in found] + [""]
     return "\n".join(lines)
 
 
-def _claim_line(table: Table, claim: Claim) -> str | None:
+class Outcome(enum.StrEnum):
+    """What a paper's comparison came to here: the effect outside both models' 95%
+    intervals over seeds, in the paper's direction (reproduced) or the other (not
+    reproduced); intervals that overlap, or a single seed, settle nothing."""
+
+    REPRODUCED = "reproduced at this scale"
+    NOT_REPRODUCED = "not reproduced"
+    INCONCLUSIVE = "inconclusive"
+    NO_NUMBER = "no number"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One of the paper's comparisons set against this run's numbers."""
+
+    table: str
+    claim: Claim
+    metric: Metric
+    paper: str  # "46.87 vs 48.30 (Cornell Movie-Dialogs); ..." or "" (no paper number)
+    ours: tuple[Cell, Cell]  # better, worse as the paper has them
+    outcome: Outcome
+    reason: str  # why this outcome: "95% intervals overlap", "one seed: no interval", ...
+    test: str  # the paired test of the table, where it made one
+
+    @property
+    def claim_text(self) -> str:
+        sign = "<" if self.metric.better.value == "lower" else ">"
+        return f"{self.claim.better} {sign} {self.claim.worse} on {self.metric.label}"
+
+    @property
+    def ours_text(self) -> str:
+        return " vs ".join(
+            "-" if c.estimate is None else c.estimate.format(self.metric.digits) for c in self.ours
+        )
+
+    def line(self) -> str:
+        paper = f"paper {self.paper}" if self.paper else "no paper number"
+        return (
+            f"{self.claim_text}: {paper}. Ours {self.ours_text}: **{self.outcome.value}** "
+            f"({self.reason}){self.test}."
+        )
+
+
+def verdicts(table: Table) -> list[Verdict]:
+    """The paper's comparisons that ``table`` has both models and the metric of."""
+    key = _key(table.title)
+    found = [_verdict(table, claim) for claim in CLAIMS.get(key or "", ())]
+    return [v for v in found if v is not None]
+
+
+def _paper_numbers(table: Table, claim: Claim, metric: Metric) -> str:
+    source = claim.paper_metric or claim.metric
+    scheme = f" ({source})" if source != claim.metric else ""
+    return "; ".join(
+        f"{_value(p.values[claim.better][source], metric)} vs "
+        f"{_value(p.values[claim.worse][source], metric)} ({p.corpus}){scheme}"
+        for p in PAPERS[_key(table.title) or ""]
+        if source in p.values.get(claim.better, {}) and source in p.values.get(claim.worse, {})
+    )
+
+
+def _verdict(table: Table, claim: Claim) -> Verdict | None:
     columns = {m.key: i for i, m in enumerate(table.columns)}
     rows = {row.model: row for row in table.rows}
     if claim.metric not in columns or claim.better not in rows or claim.worse not in rows:
@@ -236,37 +302,45 @@ def _claim_line(table: Table, claim: Claim) -> str | None:
     better, worse = (rows[m].cells[columns[claim.metric]] for m in (claim.better, claim.worse))
     if better.estimate is None or worse.estimate is None:
         return None
-    ours_b, ours_w = better.estimate.mean, worse.estimate.mean
+    b, w = better.estimate, worse.estimate
     lower = metric.better.value == "lower"
-    sign = "<" if lower else ">"
-    papers = [
-        f"{_value(p.values[claim.better][metric.key], metric)} vs "
-        f"{_value(p.values[claim.worse][metric.key], metric)} ({p.corpus})"
-        for p in PAPERS[_key(table.title) or ""]
-        if metric.key in p.values.get(claim.better, {})
-        and metric.key in p.values.get(claim.worse, {})
-    ]
-    if math.isnan(ours_b) or math.isnan(ours_w):
-        verdict = "no number"
-    elif ours_b == ours_w:
-        verdict = "a tie"
+    if math.isnan(b.mean) or math.isnan(w.mean):
+        outcome, reason = Outcome.NO_NUMBER, "a run has no value"
+    elif math.isnan(b.ci95) or math.isnan(w.ci95):
+        direction = "same" if (b.mean < w.mean) == lower and b.mean != w.mean else "other"
+        outcome, reason = Outcome.INCONCLUSIVE, f"one seed, no interval; the {direction} way"
+    elif abs(b.mean - w.mean) <= b.ci95 + w.ci95:
+        outcome, reason = Outcome.INCONCLUSIVE, "the 95% intervals overlap"
+    elif (b.mean < w.mean) == lower:
+        outcome, reason = Outcome.REPRODUCED, "the paper's direction, intervals apart"
     else:
-        same = (ours_b < ours_w) == lower
-        verdict = "the same direction" if same else "the opposite direction"
-    return (
-        f"{claim.better} {sign} {claim.worse} on {metric.label}: paper {'; '.join(papers)}. "
-        f"Ours {_value(ours_b, metric)} vs {_value(ours_w, metric)}: {verdict}"
-        f"{_significance(table, claim, better, worse)}."
-    )
+        outcome, reason = Outcome.NOT_REPRODUCED, "the opposite direction, intervals apart"
+    paper = _paper_numbers(table, claim, metric)
+    test = _significance(table, claim, better, worse)
+    return Verdict(table.title, claim, metric, paper, (better, worse), outcome, reason, test)
 
 
 def _significance(table: Table, claim: Claim, better: Cell, worse: Cell) -> str:
     """The paired test of the table, where it compared the two (one is the baseline)."""
     if table.baseline not in (claim.better, claim.worse):
-        return " (not tested: neither is the table's baseline)"
+        return "; not tested: neither is the table's baseline"
     c = better.comparison if table.baseline == claim.worse else worse.comparison
     if c is None:
-        return " (no paired test of this metric here)"
+        return "; no paired test of this metric here"
     # the table's marker decides (p < 0.05 and not within the seeds' own variation)
     verdict = "significant" if c.marker else "not significant"
-    return f", {verdict} (paired bootstrap, p = {min(c.p_better, c.p_worse):.3f})"
+    return f"; {verdict} (paired bootstrap, p = {min(c.p_better, c.p_worse):.3f})"
+
+
+def tables_markdown(tables: list[Table]) -> str:
+    """Each table under a heading per corpus, the paper's rows and verdicts under it."""
+    parts: list[str] = []
+    corpus = None
+    for table in tables:
+        if table.corpus != corpus:
+            corpus = table.corpus
+            parts += [f"### Corpus: {corpus}", ""]
+        parts += [f"#### {table.title}", "", table_markdown(table), ""]
+        if paper := paper_markdown(table):
+            parts += [paper]
+    return "\n".join(parts)

@@ -393,7 +393,7 @@ def overview(runs: list[RunResult]) -> list[OverviewRow]:
     return rows
 
 
-def _markdown(header: list[str], body: list[list[str]]) -> str:
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in body]
     return "\n".join(lines)
@@ -415,7 +415,7 @@ def overview_markdown(rows: list[OverviewRow]) -> str:
         ]
         for r in rows
     ]
-    return _markdown(header, body)
+    return markdown_table(header, body)
 
 
 def table_markdown(table: Table) -> str:
@@ -426,7 +426,7 @@ def table_markdown(table: Table) -> str:
         + [cell.format(metric) for cell, metric in zip(row.cells, table.columns, strict=True)]
         for row in table.rows
     ]
-    text = _markdown(header, body)
+    text = markdown_table(header, body)
     if table.notes:
         text += "\n\n" + "\n".join(f"- {note}" for note in table.notes)
     return text

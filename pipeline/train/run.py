@@ -30,6 +30,7 @@ from pipeline.config import CorpusName, Params, RunParams, Task, run_key
 from pipeline.data.loader import load_vocab
 from pipeline.data.shards import read_manifest
 from pipeline.errors import ConfigError
+from pipeline.machine import code_version
 from pipeline.models import registry
 from pipeline.models.base import DataSizes
 from pipeline.serving import ServingSpec
@@ -118,7 +119,7 @@ def _start_tracker(
         tracking.TAG_CORPUS: plan.corpus,
         tracking.TAG_TASK: plan.task.value,
         tracking.TAG_STAGE: stage,
-        tracking.TAG_GIT: tracking.git_commit(root),
+        tracking.TAG_GIT: code_version(root) or "unknown",
         **{f"{tracking.TAG_INPUT}.{path}": md5 for path, md5 in inputs.items()},
         **{f"hiertx.system.{k}": v for k, v in tracking.system_info().items()},
     }

@@ -13,13 +13,12 @@ import time
 from pathlib import Path
 
 from pipeline import machine
-from pipeline.artifacts import MANIFEST_FILE, MODEL_FILE, Layout, TrainRecord
+from pipeline.artifacts import MANIFEST_FILE, MODEL_FILE, WALL_SECONDS, Layout, TrainRecord
 from pipeline.config import Params, parse_params, run_key
 from pipeline.models import registry
 from pipeline.train.run import train_run
 
 SEED_STRIDE = 1000
-WALL_SECONDS = "wall_s"  # train metric: seconds the seed's training took
 
 
 def seed_values(base: int, n: int) -> list[int]:

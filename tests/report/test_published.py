@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+
+import pytest
 
 from pipeline.models import registry
-from pipeline.report.published import PAPERS, paper_markdown
-from pipeline.report.tables import SPECS, build_tables
+from pipeline.report.published import CLAIMS, PAPERS, Outcome, paper_markdown, verdicts
+from pipeline.report.results import Estimate
+from pipeline.report.tables import SPECS, Table, build_tables
 from tests.report.test_tables import by_title, runs  # noqa: F401  (the fixture)
 
 
@@ -17,18 +21,50 @@ def test_paper_rows_and_the_comparison_verdict(runs):  # noqa: F811
     assert "In the paper (U-Net paper, Table 1; Cornell Movie-Dialogs" in text
     assert "| unet | 3.853 | 46.87 |" in text and "| transformer | 3.639 | 39.06 |" in text
     assert "s2sa" not in text.split("comparisons")[0]
-    # ours: unet 7.39 vs transformer 20.09, lower on every example: same way, significant
+    # ours: unet 7.39 (one seed) vs transformer 20.09 ± 0.50, lower on every example
     assert (
         "unet < transformer on Test PPL: paper 46.87 vs 48.30 (Cornell Movie-Dialogs); "
-        "36.86 vs 39.06 (PersonaChat). Ours 7.39 vs 20.09: the same direction, significant"
+        "36.86 vs 39.06 (PersonaChat). Ours 7.39 vs 20.09 ± 0.50: **inconclusive** (one seed, "
+        "no interval; the same way); significant (paired bootstrap, p = 0.000)."
     ) in text
-    # swap the two runs' numbers: the verdict turns
-    flipped_rows = tuple(
-        dataclasses.replace(r, cells=other.cells)
-        for r, other in zip(unet_table.rows, reversed(unet_table.rows), strict=True)
-    )
-    flipped = dataclasses.replace(unet_table, rows=flipped_rows)
-    assert "Ours 20.09 vs 7.39: the opposite direction" in paper_markdown(flipped)
+
+
+def _with_estimates(table: Table, values: dict[str, tuple[float, float]]) -> Table:
+    """``table`` with the Test PPL cells of ``values``' models set to (mean, ci95)."""
+    column = next(i for i, m in enumerate(table.columns) if m.key == "test_ppl")
+    rows = []
+    for row in table.rows:
+        cells = list(row.cells)
+        if row.model in values:
+            cells[column] = dataclasses.replace(
+                cells[column], estimate=Estimate(*values[row.model])
+            )
+        rows.append(dataclasses.replace(row, cells=tuple(cells)))
+    return dataclasses.replace(table, rows=tuple(rows))
+
+
+@pytest.mark.parametrize(
+    ("unet", "transformer", "outcome", "reason"),
+    [
+        ((40.0, 1.0), (45.0, 1.5), Outcome.REPRODUCED, "the paper's direction, intervals apart"),
+        ((45.0, 1.0), (40.0, 1.5), Outcome.NOT_REPRODUCED, "the opposite direction, intervals"),
+        ((40.0, 3.0), (45.0, 2.5), Outcome.INCONCLUSIVE, "the 95% intervals overlap"),
+        ((44.0, 1.0), (40.0, 3.0), Outcome.INCONCLUSIVE, "the 95% intervals overlap"),
+        ((40.0, math.nan), (45.0, 1.0), Outcome.INCONCLUSIVE, "one seed, no interval"),
+    ],
+)
+def test_verdicts_follow_the_intervals_over_seeds(runs, unet, transformer, outcome, reason):  # noqa: F811
+    table = by_title(build_tables(runs, n_samples=50), "Tables 1-2")
+    table = _with_estimates(table, {"unet": unet, "transformer": transformer})
+    (verdict,) = [v for v in verdicts(table) if v.claim.better == "unet"]
+    assert verdict.outcome is outcome and verdict.reason.startswith(reason)
+    assert verdict.paper.startswith("46.87 vs 48.30 (Cornell Movie-Dialogs)")
+
+
+def test_a_standardized_claim_takes_the_papers_official_column():
+    claim = next(c for c in CLAIMS["HT-Encoder (HIER), Table 2"] if c.paper_metric)
+    paper = PAPERS["HT-Encoder (HIER), Table 2"][0].values
+    assert claim.metric.endswith("_standardized") and claim.paper_metric in paper["hier"]
 
 
 def test_every_published_table_names_a_report_table_and_its_models():
