@@ -48,8 +48,8 @@ class ServingSpec:
     """How raw text becomes a batch (the corpus' tokenize limits)."""
 
     task: str
-    max_history: int = 150
-    max_utterances: int = 10
+    max_history: int | None = 150  # None: the whole conversation
+    max_utterances: int | None = 10
     max_response: int = 30
     max_candidate: int = 30
     max_sentence: int | None = 50

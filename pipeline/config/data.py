@@ -63,8 +63,15 @@ class VocabParams(Section):
 
 
 class GenerateParams(Section):
-    max_history: int = Field(default=150, gt=0, description="most recent history tokens kept")
-    max_utterances: int = Field(default=10, gt=0)
+    """History limits: ``null`` keeps the whole dialogue so far (the HT-Encoder authors'
+    MultiWOZ setting, ``profiles/paper.yaml``)."""
+
+    max_history: int | None = Field(
+        default=150, gt=0, description="most recent history tokens kept; null: all"
+    )
+    max_utterances: int | None = Field(
+        default=10, gt=0, description="most recent utterances kept; null: all"
+    )
     max_response: int = Field(default=30, gt=0)
     delexicalize: bool = Field(default=False, description="MultiWOZ: replace slot values")
 

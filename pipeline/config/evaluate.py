@@ -28,8 +28,11 @@ class TrackingParams(Section):
 
 
 class DecodeStrategy(enum.StrEnum):
+    """``hier_beam``: the HT-Encoder authors' beam (``pipeline.decode.generate``)."""
+
     GREEDY = "greedy"
     BEAM = "beam"
+    HIER_BEAM = "hier_beam"
     TOP_K = "top_k"
     NUCLEUS = "nucleus"
 
@@ -37,7 +40,8 @@ class DecodeStrategy(enum.StrEnum):
 class DecodeParams(Section):
     """One decoding of the test histories (fields of ``pipeline.decode.DecodeConfig``;
     ``max_length`` is the corpus' ``generate.max_response``). Its metrics carry
-    :attr:`suffix`: none for greedy, ``_beam5`` for a beam of 5, ``_topk10``, ``_topp0.9``."""
+    :attr:`suffix`: none for greedy, ``_beam5`` for a beam of 5, ``_hierbeam5`` for the
+    HT-Encoder authors' beam, ``_topk10``, ``_topp0.9``."""
 
     strategy: DecodeStrategy = DecodeStrategy.GREEDY
     beam_size: int = Field(default=5, ge=1)
@@ -55,6 +59,8 @@ class DecodeParams(Section):
             return ""
         if self.strategy == DecodeStrategy.BEAM:
             return f"_beam{self.beam_size}"
+        if self.strategy == DecodeStrategy.HIER_BEAM:
+            return f"_hierbeam{self.beam_size}"
         if self.strategy == DecodeStrategy.TOP_K:
             return f"_topk{self.top_k}"
         return f"_topp{self.top_p:g}"

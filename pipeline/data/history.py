@@ -90,10 +90,15 @@ class FlatSplit:
     ) -> Histories:
         """The histories before global utterances ``utterance`` (one per example): turns
         from ``max(lo, utterance - max_utterances)``, cut to the most recent
-        ``max_history`` tokens; speaker SELF where the code equals ``responder``."""
+        ``max_history`` tokens (a limit of None: no cut); speaker SELF where the code
+        equals ``responder``."""
         end = self.starts[utterance]
-        first = self.starts[np.maximum(utterance - params.max_utterances, lo)]
-        start = np.maximum(first, end - params.max_history)
+        first_utterance = lo
+        if params.max_utterances is not None:
+            first_utterance = np.maximum(utterance - params.max_utterances, lo)
+        start = self.starts[first_utterance]
+        if params.max_history is not None:
+            start = np.maximum(start, end - params.max_history)
         length = end - start
         idx = _ranges(start, length)
         head = np.minimum(start, max(len(self.tokens) - 1, 0))  # each history's first token

@@ -100,7 +100,7 @@ def generate(model: Seq2SeqModel, batch: GenerateBatch, config: DecodeConfig) ->
         ):
             torch.manual_seed(config.seed)
             memory = model.encode(batch)
-            search = _beam_search if config.strategy == DecodeStrategy.BEAM else _sample
+            search = _SEARCHES.get(config.strategy, _sample)
             return search(model, memory, batch.batch_size, device, config)
     finally:
         model.train(was_training)
@@ -294,6 +294,63 @@ def _beam_search(
     return GenerationOutput(tokens, pool_lengths[:, 0], pool_scores[:, 0], beams)
 
 
+def _slot_beam_search(
+    model: Seq2SeqModel,
+    memory: object,
+    batch_size: int,
+    device: torch.device,
+    config: DecodeConfig,
+) -> GenerationOutput:
+    """The HT-Encoder authors' beam search (their ``Beam.py`` and ``translate_batch``):
+    ``K`` slots per example ranked by summed log-probability; a slot that produced
+    ``<eos>`` keeps its place and its score (it continues with ``<pad>`` at no cost) until
+    ``K`` better unfinished continuations push it out; the search ends when every slot has
+    ended or after ``max_length`` tokens, and the answer is the slot with the best MEAN
+    token log-probability (``<eos>`` counted). Unlike theirs, ``<pad>``/``<bos>`` are never
+    generated and ``min_length``/``no_repeat_ngram`` apply as for every strategy."""
+    b, k, width = batch_size, config.beam_size, config.max_length + 1
+    rows = torch.arange(b, device=device)
+    step = _Stepper(
+        model, select_batch_dim(memory, rows.repeat_interleave(k)), b * k, config.use_cache
+    )
+    seqs = torch.full((b * k, width), PAD_ID, device=device)
+    seqs[:, 0] = BOS_ID
+    scores = torch.zeros(b, k, device=device)
+    scores[:, 1:] = float("-inf")  # identical slots at the start: expand only the first
+    ended = torch.zeros(b * k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(b * k, dtype=torch.long, device=device)
+    for t in range(config.max_length):
+        prefix = seqs[:, : t + 1]
+        logits = step(prefix)
+        vocab = logits.shape[-1]
+        logp = logits.log_softmax(-1).masked_fill(_blocked(prefix, vocab, config), float("-inf"))
+        # An ended slot's only continuation is <pad> at no cost.
+        stay = torch.full_like(logp, float("-inf"))
+        stay[:, PAD_ID] = 0.0
+        logp = torch.where(ended[:, None], stay, logp)
+        candidates = (scores.view(-1, 1) + logp).view(b, k * vocab)
+        scores, index = candidates.topk(k, dim=1)
+        beam, token = index // vocab, index % vocab
+        parent = (rows[:, None] * k + beam).view(-1)
+        seqs = seqs[parent]
+        seqs[:, t + 1] = token.view(-1)
+        was_ended = ended[parent]
+        lengths = lengths[parent] + (~was_ended).long()
+        ended = was_ended | (token.view(-1) == EOS_ID)
+        step.reorder(parent)
+        if bool(ended.all()):
+            break
+    mean = scores / lengths.view(b, k).clamp(min=1)
+    order = mean.sort(dim=1, descending=True).indices
+    take = (rows[:, None] * k + order).view(-1)
+    tokens = seqs[take, 1:].view(b, k, -1)
+    beams = Beams(tokens, lengths[take].view(b, k), mean.gather(1, order))
+    best = int(beams.lengths[:, 0].max()) if b else 0
+    return GenerationOutput(
+        beams.tokens[:, 0, :best], beams.lengths[:, 0], beams.scores[:, 0], beams
+    )
+
+
 def _keep_best(
     k: int, scores: Tensor, tokens: Tensor, lengths: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -301,3 +358,6 @@ def _keep_best(
     scores, index = scores.topk(k, dim=1)
     tokens = tokens.gather(1, index[..., None].expand(-1, -1, tokens.shape[-1]))
     return scores, tokens, lengths.gather(1, index)
+
+
+_SEARCHES = {DecodeStrategy.BEAM: _beam_search, DecodeStrategy.HIER_BEAM: _slot_beam_search}

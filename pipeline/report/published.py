@@ -209,8 +209,14 @@ def paper_markdown(table: Table) -> str:
         return ""
     models = [row.model for row in table.rows]
     lines = []
+
+    def paper_key(metric: Metric) -> str:  # the paper's column of a decoded metric
+        return metric.key.removesuffix(table.decoding) if table.decoding else metric.key
+
     for paper in PAPERS[key]:
-        shown = [m for m in table.columns if any(m.key in paper.values.get(x, {}) for x in models)]
+        shown = [
+            m for m in table.columns if any(paper_key(m) in paper.values.get(x, {}) for x in models)
+        ]
         rows = [x for x in models if x in paper.values]
         if not shown or not rows:
             continue
@@ -221,7 +227,7 @@ def paper_markdown(table: Table) -> str:
             "|---" * (len(shown) + 1) + "|",
         ]
         for model in rows:
-            cells = [paper.values[model].get(m.key) for m in shown]
+            cells = [paper.values[model].get(paper_key(m)) for m in shown]
             text = ["-" if v is None else _value(v, m) for v, m in zip(cells, shown, strict=True)]
             lines.append(f"| {model} | " + " | ".join(text) + " |")
         lines.append("")
@@ -296,10 +302,11 @@ def _paper_numbers(table: Table, claim: Claim, metric: Metric) -> str:
 def _verdict(table: Table, claim: Claim) -> Verdict | None:
     columns = {m.key: i for i, m in enumerate(table.columns)}
     rows = {row.model: row for row in table.rows}
-    if claim.metric not in columns or claim.better not in rows or claim.worse not in rows:
+    key = f"{claim.metric}{table.decoding}"
+    if key not in columns or claim.better not in rows or claim.worse not in rows:
         return None
-    metric = table.columns[columns[claim.metric]]
-    better, worse = (rows[m].cells[columns[claim.metric]] for m in (claim.better, claim.worse))
+    metric = table.columns[columns[key]]
+    better, worse = (rows[m].cells[columns[key]] for m in (claim.better, claim.worse))
     if better.estimate is None or worse.estimate is None:
         return None
     b, w = better.estimate, worse.estimate

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.eval.text import DEFAULT_TOKENIZE, bleu_signature
 from pipeline.report.results import CI_SUFFIX, Estimate, RunResult
@@ -35,6 +35,10 @@ class Metric:
     @property
     def tested(self) -> bool:
         return self.key in TESTED_METRICS
+
+    def decoded(self, suffix: str) -> Metric:
+        """This metric of another decoding (``bleu`` -> ``bleu_hierbeam5``)."""
+        return Metric(f"{self.key}{suffix}", self.label, self.digits, self.better)
 
 
 VALID_LOSS = Metric("best_valid_loss", "Valid CE", 3, Better.LOWER)
@@ -83,6 +87,7 @@ class TableSpec:
     models: tuple[str, ...] | None
     metrics: tuple[Metric, ...]
     baseline: str
+    decoding: str = ""  # the metrics' decode suffix (``_hierbeam5``); "" for greedy
 
 
 CHATEVAL_TITLE = "U-Net Transformer, Tables 4-5: ChatEval metrics ({decoding})"
@@ -222,6 +227,7 @@ class Table:
     columns: tuple[Metric, ...]
     rows: tuple[Row, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    decoding: str = ""  # TableSpec.decoding
 
 
 def _ordered(spec: TableSpec, runs: list[RunResult]) -> list[RunResult]:
@@ -296,6 +302,7 @@ def build_table(
         columns,
         tuple(rows),
         tuple(notes),
+        spec.decoding,
     )
 
 
@@ -323,6 +330,33 @@ def decode_specs(runs: list[RunResult]) -> tuple[TableSpec, ...]:
     return tuple(specs)
 
 
+def multiwoz_decode_specs(runs: list[RunResult]) -> tuple[TableSpec, ...]:
+    """The HT-Encoder tables again for each further decoding of a MultiWOZ run (the paper
+    reports beam search: ``evaluate.models.hier: [{strategy: hier_beam}]`` gives
+    ``bleu_hier_hierbeam5``, ``inform_hierbeam5``, ...)."""
+    prefix = f"{BLEU_HIER.key}_"
+    suffixes = sorted(
+        {
+            k.removeprefix(BLEU_HIER.key)
+            for r in runs
+            for k in r.metrics
+            if k.startswith(prefix) and not k.endswith(CI_SUFFIX)
+        }
+    )
+    decoded = tuple(m for m in MULTIWOZ_METRICS if m not in (BLEU_BEAM5, TEST_PPL))
+    return tuple(
+        replace(
+            spec,
+            title=f"{spec.title} (decoding {suffix.lstrip('_')})",
+            metrics=tuple(m.decoded(suffix) for m in decoded),
+            decoding=suffix,
+        )
+        for suffix in suffixes
+        for spec in SPECS
+        if spec.metrics == MULTIWOZ_METRICS
+    )
+
+
 def build_tables(
     runs: list[RunResult],
     n_samples: int = 1000,
@@ -335,7 +369,12 @@ def build_tables(
     ``references`` are appended to the tables of their corpus and task."""
     corpora = list(dict.fromkeys(r.corpus for r in runs))
     chateval = next(i for i, spec in enumerate(SPECS) if spec.metrics == CHATEVAL_METRICS)
-    specs = (*SPECS[: chateval + 1], *decode_specs(runs), *SPECS[chateval + 1 :])
+    specs = (
+        *SPECS[: chateval + 1],
+        *decode_specs(runs),
+        *SPECS[chateval + 1 :],
+        *multiwoz_decode_specs(runs),
+    )
     tables = []
     for corpus in corpora:
         tokenize = (bleu_tokenize or {}).get(corpus, DEFAULT_TOKENIZE)

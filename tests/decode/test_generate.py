@@ -349,3 +349,71 @@ def test_generate_restores_training_mode_and_rng() -> None:
     generate(model, batch(2), DecodeConfig(strategy="top_k", top_k=5, max_length=5))
     assert model.training
     assert torch.equal(torch.rand(3), expected)
+
+
+# --------------------------------------------------------------------------- hier_beam
+
+
+def test_constant_model_hier_beam_normalises_by_length() -> None:
+    """The authors' beam keeps the ended ``<eos>`` in its slot while ``5 5 5 ..`` stays
+    alive; at the end the mean log-probability picks the long one (log 0.6 per token
+    beats log 0.3), where the plain beam picks ``<eos>``."""
+    config = DecodeConfig(strategy="hier_beam", beam_size=2, max_length=4)
+    out = generate(ConstantModel(), batch(2), config)
+    assert out.tokens.tolist() == [[5, 5, 5, 5]] * 2
+    assert out.scores.tolist() == pytest.approx([math.log(0.6)] * 2, abs=1e-5)
+    assert out.beams is not None and out.beams.lengths.tolist() == [[4, 1]] * 2
+    assert out.beams.tokens[0, 1, :1].tolist() == [EOS_ID]
+    assert out.beams.scores[0, 1].item() == pytest.approx(math.log(0.3), abs=1e-5)
+
+
+def authors_beam(model: Seq2SeqModel, b: GenerateBatch, k: int, max_length: int) -> list:
+    """The authors' algorithm written plainly, one example and one slot at a time, from the
+    full prefix (no cache): (tokens without <bos>, mean log-probability) per example."""
+    model.eval()
+    answers = []
+    with torch.no_grad():
+        for i in range(b.batch_size):
+            one = random_generate_batch(b.batch_size, VOCAB, seed=1)  # the same batch
+            memory = model.encode(one)
+            slots = [([BOS_ID], 0.0, False)]
+            for _ in range(max_length):
+                options = []
+                for tokens, score, ended in slots:
+                    if ended:
+                        options.append(([*tokens, PAD_ID], score, True))
+                        continue
+                    rows = torch.tensor([tokens] * b.batch_size)
+                    logits, _ = model.decode(rows, memory, None)
+                    logp = logits[i, -1].float().log_softmax(-1)
+                    logp[PAD_ID] = logp[BOS_ID] = float("-inf")
+                    for token in range(logp.shape[0]):
+                        value = score + float(logp[token])
+                        options.append(([*tokens, token], value, token == EOS_ID))
+                options.sort(key=lambda o: o[1], reverse=True)
+                slots = options[:k]
+                if all(ended for _, _, ended in slots):
+                    break
+
+            def mean(slot):
+                generated = [t for t in slot[0][1:] if t != PAD_ID]
+                return slot[1] / len(generated)
+
+            best = max(slots, key=mean)
+            answers.append(([t for t in best[0][1:] if t != PAD_ID], mean(best)))
+    return answers
+
+
+@pytest.mark.parametrize("name", ["tiny", "s2sa"])
+def test_hier_beam_equals_the_authors_algorithm(name: str) -> None:
+    model, b = make(name), batch(3)
+    config = DecodeConfig(strategy="hier_beam", beam_size=3, max_length=7)
+    out = generate(model, b, config)
+    assert_well_formed(out, config)
+    for i, (tokens, score) in enumerate(authors_beam(model, b, 3, 7)):
+        assert out.tokens[i, : out.lengths[i]].tolist() == tokens
+        assert out.scores[i].item() == pytest.approx(score, abs=1e-4)
+    uncached = generate(model, b, config.model_copy(update={"use_cache": False}))
+    assert torch.equal(out.tokens, uncached.tokens)
+    rescored = rescore(model, b, out.tokens, 0.0) / out.lengths
+    assert torch.allclose(rescored, out.scores, atol=1e-4)

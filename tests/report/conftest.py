@@ -46,6 +46,14 @@ TINY = {
     "transformer_ranker": {"d_embed": 16, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
     "hrt_last": {"d_embed": 16, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
     "gpt": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+    "hier": {
+        "d_model": 16,
+        "d_ff": 32,
+        "n_heads": 2,
+        "n_utterance_layers": 1,
+        "n_context_layers": 1,
+        "n_decoder_layers": 1,
+    },
 }
 VOCAB = 50
 

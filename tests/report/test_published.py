@@ -9,8 +9,9 @@ import pytest
 
 from pipeline.models import registry
 from pipeline.report.published import CLAIMS, PAPERS, Outcome, paper_markdown, verdicts
-from pipeline.report.results import Estimate
+from pipeline.report.results import Estimate, load_results
 from pipeline.report.tables import SPECS, Table, build_tables
+from tests.report.conftest import TOKENIZE, lm_rows, params_for, write_run
 from tests.report.test_tables import by_title, runs  # noqa: F401  (the fixture)
 
 
@@ -77,3 +78,30 @@ def test_every_published_table_names_a_report_table_and_its_models():
             assert not unknown, (key, unknown)
             columns = {m.key for m in spec.metrics} | {"length_loss_pearson_r"}
             assert {k for v in paper.values.values() for k in v} <= columns, key
+
+
+def test_hier_tables_of_the_authors_beam_carry_the_papers_rows_and_verdicts(tmp_path):
+    """HIER's paper reports beam search: metrics of the ``hier_beam`` decoding
+    (``_hierbeam5``) get their own HT-Encoder table, the paper's rows and claims."""
+    rows = [{**r, "hypotheses": {"greedy": "a"}, "reference": "a"} for r in lm_rows([[1.0]])]
+    for model, bleu in (("transformer", 10.0), ("hier", 14.0)):
+        metrics = {
+            "test_ppl": 5.0, "bleu_hier": bleu - 1, "bleu_hier_hierbeam5": bleu,
+            "bleu_hier_hierbeam5_ci95": 0.5, "inform_hierbeam5": 60.0,
+            "inform_hierbeam5_ci95": 1.0,
+        }  # fmt: skip
+        write_run(tmp_path, model, rows, metrics, corpus="multiwoz21")
+    params = params_for([], train={"runs": {
+        f"{m}-multiwoz21": {"model": m, "corpus": "multiwoz21"} for m in ("transformer", "hier")
+    }}, tokenize={"corpora": {**TOKENIZE["corpora"], "multiwoz21": {}}},
+    corpora=["chitchat", "multiwoz21"])  # fmt: skip
+    tables = build_tables(load_results(params, tmp_path), n_samples=0)
+    beam = by_title(tables, "Table 2: context-to-response without annotations (decoding hier")
+    assert beam.decoding == "_hierbeam5"
+    assert [m.key for m in beam.columns] == ["bleu_hier_hierbeam5", "inform_hierbeam5"]
+    text = paper_markdown(beam)
+    assert "| hier | 20.91 | 73.60 |" in text and "| transformer | 19.10 | 71.10 |" in text
+    (verdict,) = [v for v in verdicts(beam) if v.claim.metric == "bleu_hier"]
+    assert verdict.outcome is Outcome.REPRODUCED and verdict.paper.startswith("20.91 vs 19.10")
+    greedy = by_title(tables, "Table 2: context-to-response without annotations")
+    assert greedy.decoding == "" and greedy.columns[0].key == "bleu_hier"
