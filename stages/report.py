@@ -26,14 +26,17 @@ from pipeline.report.build import build_report
 
 
 def select_params(params: Params, key: None = None) -> Params:
-    """What this stage reads (``params:`` of ``report`` in dvc.yaml): the runs, the corpora
+    """What this stage reads (``params:`` of ``report`` in dvc.yaml): the runs and the
+    training knobs they merge (the results document states each run's batch), the corpora
     and their tokenize settings and the bootstrap size; and ``tracking``, which only says
     where the report is also logged (``stages.RECORDING_PARAMS``); and ``report``, where
     it also writes the committed results document."""
     return Params.model_construct(
         corpora=params.corpora,
         tokenize=TokenizeParams.model_construct(corpora=params.tokenize.corpora),
-        train=TrainParams.model_construct(runs=params.train.runs),
+        train=TrainParams.model_construct(
+            defaults=params.train.defaults, models=params.train.models, runs=params.train.runs
+        ),
         tune=TuneParams.model_construct(runs=params.tune.runs),
         evaluate=EvaluateParams.model_construct(
             bootstrap_samples=params.evaluate.bootstrap_samples

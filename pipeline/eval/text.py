@@ -296,20 +296,36 @@ _WRAP = ("GO_", "EOS_")
 
 def wrapped_bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
     """Corpus BLEU (0-100) in the HT-Encoder paper's convention (module docstring)."""
+    return wrapped_bleu_from_stats(wrapped_bleu_stats(hyps, refs))
+
+
+def wrapped_bleu_stats(hyps: Sequence[str], refs: Sequence[str]) -> np.ndarray:
+    """Per-pair statistics ``[N, 10]`` of ``wrapped_bleu`` (hyp and ref length with the
+    GO_/EOS_ wrap, matched and total 1-4-grams); summed rows give any subset's score
+    through ``wrapped_bleu_from_stats``, as ``bleu_stats`` does for sacrebleu."""
     _check_pairs(hyps, refs)
-    matched, total = [0] * 4, [0] * 4
-    hyp_len = ref_len = 0
-    for hyp, ref in zip(hyps, refs, strict=True):
+    rows = np.zeros((len(hyps), 10), dtype=np.int64)
+    for row, hyp, ref in zip(rows, hyps, refs, strict=True):
         h = [_WRAP[0], *strip_special(hyp).split(), _WRAP[1]]
         r = [_WRAP[0], *strip_special(ref).split(), _WRAP[1]]
-        hyp_len, ref_len = hyp_len + len(h), ref_len + len(r)
+        row[0], row[1] = len(h), len(r)
         for n in range(1, 5):
             h_grams = Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
             r_grams = Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
-            total[n - 1] += sum(h_grams.values())
-            matched[n - 1] += sum(min(c, r_grams[g]) for g, c in h_grams.items())
+            row[1 + n] = sum(min(c, r_grams[g]) for g, c in h_grams.items())
+            row[5 + n] = sum(h_grams.values())
+    return rows
+
+
+def wrapped_bleu_from_stats(stats: np.ndarray, refs: object = None) -> float:
+    """``wrapped_bleu`` from ``wrapped_bleu_stats`` rows or their sum (``refs`` ignored,
+    as in ``bleu_from_stats``). The authors' epsilons (1e-7) are kept: a zero n-gram
+    precision gives a tiny score instead of an error."""
+    total = stats.sum(0) if stats.ndim == 2 else stats
+    hyp_len, ref_len = int(total[0]), int(total[1])
+    matched, counted = total[2:6], total[6:10]
     brevity = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
-    precisions = [m / (t + 1e-7) + 1e-7 for m, t in zip(matched, total, strict=True)]
+    precisions = [m / (t + 1e-7) + 1e-7 for m, t in zip(matched, counted, strict=True)]
     return 100.0 * brevity * math.exp(sum(0.25 * math.log(p) for p in precisions))
 
 

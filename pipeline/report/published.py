@@ -203,7 +203,9 @@ def _value(value: float, metric: Metric) -> str:
 
 def paper_markdown(table: Table) -> str:
     """The paper's rows for ``table``'s models and metrics, and each of the paper's
-    comparisons set against ours; empty when the table has no paper counterpart."""
+    comparisons set against ours; empty when the table has no paper counterpart. A paper
+    table is shown only where at least two of its models ran here: one row alone (the
+    Transformer of a MultiWOZ run under the U-Net paper's Cornell table) compares nothing."""
     key = _key(table.title)
     if key is None:
         return ""
@@ -218,7 +220,7 @@ def paper_markdown(table: Table) -> str:
             m for m in table.columns if any(paper_key(m) in paper.values.get(x, {}) for x in models)
         ]
         rows = [x for x in models if x in paper.values]
-        if not shown or not rows:
+        if not shown or len(rows) < 2:
             continue
         lines += [
             f"In the paper ({paper.source}; {paper.corpus}, {paper.setup}):",
@@ -328,15 +330,25 @@ def _verdict(table: Table, claim: Claim) -> Verdict | None:
 
 
 def _significance(table: Table, claim: Claim, better: Cell, worse: Cell) -> str:
-    """The paired test of the table, where it compared the two (one is the baseline)."""
+    """The paired test of the table, where it compared the two (one is the baseline), in
+    the claim's terms: which way the test points, and why it is or is not significant."""
     if table.baseline not in (claim.better, claim.worse):
         return "; not tested: neither is the table's baseline"
-    c = better.comparison if table.baseline == claim.worse else worse.comparison
+    versus_baseline = better if table.baseline == claim.worse else worse
+    c = versus_baseline.comparison
     if c is None:
         return "; no paired test of this metric here"
-    # the table's marker decides (p < 0.05 and not within the seeds' own variation)
-    verdict = "significant" if c.marker else "not significant"
-    return f"; {verdict} (paired bootstrap, p = {min(c.p_better, c.p_worse):.3f})"
+    # p of "the claimed-better model beats the other" and of the reverse
+    p_paper, p_other = (
+        (c.p_better, c.p_worse) if versus_baseline is better else (c.p_worse, c.p_better)
+    )
+    way, p = ("the paper's way", p_paper) if p_paper <= p_other else ("the other way", p_other)
+    bootstrap = f"paired bootstrap {way}, p = {p:.3f}"
+    if c.marker:
+        return f"; significant ({bootstrap})"
+    if c.within_seed_variation:
+        return f"; within the seeds' variation (Welch over seeds p = {c.p_seeds:.3f}; {bootstrap})"
+    return f"; not significant ({bootstrap})"
 
 
 def tables_markdown(tables: list[Table]) -> str:

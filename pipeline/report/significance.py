@@ -7,8 +7,10 @@ statistic, the resampling unit is the test example, as in Koehn 2004). Per metri
 
 - ``test_ppl``: per example the summed ``nll_sum`` and ``n_tokens`` over seeds; a sample's
   perplexity is ``exp(sum nll / sum tokens)`` (lower is better);
-- ``bleu`` / ``bleu_beam5``: per example the sacrebleu sufficient statistics
-  (``text.bleu_stats``) summed over seeds; a sample's score is the corpus BLEU of its rows;
+- ``bleu`` / ``bleu_beam5`` (any decoding): per example the sacrebleu sufficient
+  statistics (``text.bleu_stats``) summed over seeds; a sample's score is the corpus BLEU
+  of its rows; ``bleu_hier`` (any decoding) the same with the HT-Encoder paper's scorer
+  (``text.wrapped_bleu_stats``);
 - ``recall_at_k`` / ``mrr``: per example the mean over seeds of ``1[rank <= k]`` /
   ``1/rank`` (rank 0 = no correct candidate: a miss).
 
@@ -40,6 +42,7 @@ from pipeline.eval.stats import paired_bootstrap
 from pipeline.report.results import RunResult
 
 ALPHA = 0.05
+BLEU_HIER_PREFIX = "bleu_hier"  # the HT-Encoder paper's scorer, any decoding
 BETTER, WORSE = "▲", "▼"
 
 
@@ -108,26 +111,36 @@ def _mrr_rows(rows: list[ExampleResult]) -> np.ndarray:
     return np.array([float(np.mean([1.0 / r.rank if r.rank else 0.0 for r in rows]))])
 
 
-def _bleu_rows(decoding: str, tokenize: str) -> Statistic:
+def _hypothesis_rows(
+    decoding: str, stats: Callable[[list[str], list[str]], np.ndarray]
+) -> Statistic:
+    """An example's BLEU sufficient statistics of its ``decoding`` (``stats`` of its seeds'
+    hypotheses against the reference), summed over seeds."""
+
     def rows_fn(rows: list[ExampleResult]) -> np.ndarray:
         hyps = [r.hypotheses.get(decoding) for r in rows]
         refs = [r.reference for r in rows]
         if any(h is None for h in hyps) or any(r is None for r in refs):
             raise NotComparable(f"per_example.jsonl lacks {decoding} hypotheses/references")
-        return text.bleu_stats(hyps, refs, tokenize).sum(0)
+        return stats(hyps, refs).sum(0)  # type: ignore[arg-type]
 
     return rows_fn
-
-
-def _bleu(stats: np.ndarray, _refs: object = None) -> float:
-    return text.bleu_from_stats(stats)
 
 
 def _statistic(metric: str, bleu_tokenize: str) -> tuple[Statistic, Score]:
     if metric == "test_ppl":
         return _ppl_rows, _neg_ppl
-    if metric in ("bleu", "bleu_beam5"):
-        return _bleu_rows(decode_label(metric.removeprefix("bleu")), bleu_tokenize), _bleu
+    hier = BLEU_HIER_PREFIX
+    if metric == hier or metric.startswith(f"{hier}_"):  # ``bleu_hier``, ``bleu_hier_<decoding>``
+        decoding = decode_label(metric.removeprefix(hier))
+        return _hypothesis_rows(decoding, text.wrapped_bleu_stats), text.wrapped_bleu_from_stats
+    if metric == "bleu" or metric.startswith("bleu_"):  # ``bleu``, ``bleu_beam5``, ...
+        decoding = decode_label(metric.removeprefix("bleu"))
+
+        def sacrebleu_stats(hyps: list[str], refs: list[str]) -> np.ndarray:
+            return text.bleu_stats(hyps, refs, bleu_tokenize)
+
+        return _hypothesis_rows(decoding, sacrebleu_stats), text.bleu_from_stats
     if metric.startswith("recall_at_"):
         return _recall_rows(int(metric.removeprefix("recall_at_"))), _mean
     if metric == "mrr":
@@ -135,7 +148,15 @@ def _statistic(metric: str, bleu_tokenize: str) -> tuple[Statistic, Score]:
     raise NotComparable(f"no bootstrap defined for {metric}")
 
 
-TESTED_METRICS = ("test_ppl", "bleu", "bleu_beam5", "recall_at_1", "recall_at_10", "mrr")
+def is_tested(metric: str) -> bool:
+    """Whether the paired bootstrap is defined for ``metric``: perplexity, every decoding's
+    BLEU (sacrebleu's and the HT-Encoder scorer's), Recall@k and MRR. Not (yet): the
+    ChatEval embedding and length metrics, Inform/Success (per dialogue, not per turn)."""
+    try:
+        _statistic(metric, text.DEFAULT_TOKENIZE)
+    except NotComparable:
+        return False
+    return True
 
 
 def example_stats(

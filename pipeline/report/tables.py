@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from pipeline.eval.text import DEFAULT_TOKENIZE, bleu_signature
 from pipeline.report.results import CI_SUFFIX, Estimate, RunResult
-from pipeline.report.significance import TESTED_METRICS, Comparison, NotComparable, compare
+from pipeline.report.significance import Comparison, NotComparable, compare, is_tested
 
 
 class Better(enum.Enum):
@@ -34,7 +34,7 @@ class Metric:
 
     @property
     def tested(self) -> bool:
-        return self.key in TESTED_METRICS
+        return is_tested(self.key)
 
     def decoded(self, suffix: str) -> Metric:
         """This metric of another decoding (``bleu`` -> ``bleu_hierbeam5``)."""

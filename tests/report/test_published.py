@@ -10,6 +10,7 @@ import pytest
 from pipeline.models import registry
 from pipeline.report.published import CLAIMS, PAPERS, Outcome, paper_markdown, verdicts
 from pipeline.report.results import Estimate, load_results
+from pipeline.report.significance import Comparison
 from pipeline.report.tables import SPECS, Table, build_tables
 from tests.report.conftest import TOKENIZE, lm_rows, params_for, write_run
 from tests.report.test_tables import by_title, runs  # noqa: F401  (the fixture)
@@ -26,7 +27,7 @@ def test_paper_rows_and_the_comparison_verdict(runs):  # noqa: F811
     assert (
         "unet < transformer on Test PPL: paper 46.87 vs 48.30 (Cornell Movie-Dialogs); "
         "36.86 vs 39.06 (PersonaChat). Ours 7.39 vs 20.09 ± 0.50: **inconclusive** (one seed, "
-        "no interval; the same way); significant (paired bootstrap, p = 0.000)."
+        "no interval; the same way); significant (paired bootstrap the paper's way, p = 0.000)."
     ) in text
 
 
@@ -105,3 +106,38 @@ def test_hier_tables_of_the_authors_beam_carry_the_papers_rows_and_verdicts(tmp_
     assert verdict.outcome is Outcome.REPRODUCED and verdict.paper.startswith("20.91 vs 19.10")
     greedy = by_title(tables, "Table 2: context-to-response without annotations")
     assert greedy.decoding == "" and greedy.columns[0].key == "bleu_hier"
+
+
+@pytest.mark.parametrize(
+    ("p_seeds", "expected"),
+    [
+        (0.001, "; significant (paired bootstrap the other way, p = 0.010)"),
+        (
+            0.3,
+            "; within the seeds' variation (Welch over seeds p = 0.300; "
+            "paired bootstrap the other way, p = 0.010)",
+        ),
+    ],
+)
+def test_the_paired_test_is_stated_in_the_claims_direction(runs, p_seeds, expected):  # noqa: F811
+    # unet is claimed better; the bootstrap says the baseline (transformer) beats it
+    table = by_title(build_tables(runs, n_samples=50), "Tables 1-2")
+    column = next(i for i, m in enumerate(table.columns) if m.key == "test_ppl")
+    against = Comparison("test_ppl", p_better=0.9, p_worse=0.01, n_examples=6, n_samples=50,
+                         p_seeds=p_seeds)  # fmt: skip
+    rows = []
+    for row in table.rows:
+        cells = list(row.cells)
+        if row.model == "unet":
+            cells[column] = dataclasses.replace(cells[column], comparison=against)
+        rows.append(dataclasses.replace(row, cells=tuple(cells)))
+    table = dataclasses.replace(table, rows=tuple(rows))
+    (verdict,) = [v for v in verdicts(table) if v.claim.better == "unet"]
+    assert verdict.test == expected
+
+
+def test_a_paper_table_needs_two_of_its_models_here(runs):  # noqa: F811
+    table = by_title(build_tables(runs, n_samples=50), "Tables 1-2")
+    alone = dataclasses.replace(table, rows=tuple(r for r in table.rows if r.model == "unet"))
+    assert "In the paper (U-Net paper, Table 1" in paper_markdown(table)
+    assert "In the paper" not in paper_markdown(alone)

@@ -16,6 +16,7 @@ from pipeline.report.significance import (
     NotComparable,
     compare,
     example_stats,
+    is_tested,
     seed_scores,
 )
 
@@ -145,6 +146,37 @@ def test_bleu_statistics_give_the_corpus_bleu_of_a_resample():
     assert text.bleu_from_stats(stats[idx]) == pytest.approx(
         text.corpus_bleu([hyps[i] for i in idx], [refs[i] for i in idx])
     )
+
+
+def test_hier_bleu_statistics_give_the_authors_score_of_a_resample_and_decoding():
+    hyps = ["i like cats a lot", "where are you going", "no", "the weather is nice today"]
+    beams = ["i like dogs a lot", "where are you", "yes", "the weather is nice"]
+    refs = ["i like dogs a lot", "where are you going now", "yes", "the weather is nice"]
+    rows = [
+        {
+            "seed": 0,
+            "id": f"d{i}",
+            "nll_sum": 1.0,
+            "n_tokens": 1,
+            "history_tokens": 1,
+            "hypotheses": {"greedy": h, "hierbeam5": b},
+            "reference": r,
+        }
+        for i, (h, b, r) in enumerate(zip(hyps, beams, refs, strict=True))
+    ]
+    run = run_of(rows)
+    ids, idx = ["d0", "d1", "d2", "d3"], [2, 0, 0, 3]
+    for metric, decoded in (("bleu_hier", hyps), ("bleu_hier_hierbeam5", beams)):
+        stats = example_stats(run, metric, ids)
+        assert text.wrapped_bleu_from_stats(stats[idx]) == pytest.approx(
+            text.wrapped_bleu([decoded[i] for i in idx], [refs[i] for i in idx])
+        )
+    assert is_tested("bleu_hier_hierbeam5") and is_tested("bleu_topp0.9")
+    assert not is_tested("inform") and not is_tested("embedding_extrema")
+    # a run that decodes the references beats every resample of one that does not
+    perfect = [{**r, "hypotheses": {"greedy": r["reference"]}} for r in rows]
+    result = compare(run_of(perfect, "b-chitchat"), run, "bleu_hier", n_samples=50)
+    assert result.p_better == 0.0 and result.p_worse == 1.0
 
 
 def test_runs_on_different_test_sets_are_not_compared():
