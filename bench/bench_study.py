@@ -49,8 +49,10 @@ def planned_steps(run, n_batches: int) -> int:
 class Candidate:
     """One run's model, optimizer and batch stream; ``step()`` times one training step."""
 
-    def __init__(self, key: str, model: str, corpus: str, params, shards: Path) -> None:
-        run = params.train.run(model, corpus)
+    def __init__(
+        self, key: str, model: str, corpus: str, params, shards: Path, variant: str | None = None
+    ) -> None:
+        run = params.train.run(model, corpus, variant)
         task = registry.spec(model).task
         record = read_manifest(shards / corpus)
         config = model_config(model, record.data_sizes(), run.model)
@@ -86,7 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     targets = {**params.train.runs, **params.tune.runs}
     keys = args.runs or list(targets)
     candidates = {
-        key: Candidate(key, targets[key].model, targets[key].corpus.value, params, args.data)
+        key: Candidate(
+            key,
+            targets[key].model,
+            targets[key].corpus.value,
+            params,
+            args.data,
+            targets[key].variant,
+        )
         for key in keys
     }
 

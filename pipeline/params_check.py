@@ -203,7 +203,8 @@ def _check_model_overrides(params: Params) -> None:
         except ConfigError as err:
             runs = "train.runs" if key in train.runs else "tune.runs"
             raise ConfigError(f"{runs}.{key}.corpus", err.reason) from None
-        _validate_config(target.model, sizes, train.run(target.model, target.corpus).model, sources)
+        merged = train.run(target.model, target.corpus, target.variant).model
+        _validate_config(target.model, sizes, merged, sources)
     for name in train.models:
         merged = {**train.defaults.model, **train.models[name].model}
         sources = [

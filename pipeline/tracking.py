@@ -50,6 +50,7 @@ TAG_RUN_KEY = "hiertx.run_key"  # <stage>-<model>-<corpus>-<params hash>: finds 
 TAG_ORIGIN = "hiertx.origin_run_id"  # on a fallback run: the run it stands in for
 TAG_MODEL = "hiertx.model"
 TAG_CORPUS = "hiertx.corpus"
+TAG_VARIANT = "hiertx.variant"  # a further run of the same model and corpus ("" if none)
 TAG_TASK = "hiertx.task"
 TAG_STAGE = "hiertx.stage"
 TAG_GIT = "hiertx.git_commit"
@@ -138,8 +139,9 @@ def experiment_name(task: str, corpus: str, prefix: str = "hiertx") -> str:
     return f"{prefix}/{task}/{corpus}"
 
 
-def registered_model_name(model: str, corpus: str) -> str:
-    return f"hiertx-{model}-{corpus}"
+def registered_model_name(model: str, corpus: str, variant: str | None = None) -> str:
+    """``hiertx-<run key>``: one registered model per run, its versions the retrainings."""
+    return f"hiertx-{model}-{corpus}" + (f"-{variant}" if variant else "")
 
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

@@ -1,11 +1,12 @@
 """Stage ``train``: train one model on one corpus (resuming an interrupted run).
 
-    python -m stages.train <model> <corpus> [--params params.yaml] [--no-progress]
+    python -m stages.train <run> [--params params.yaml] [--no-progress]
 
-Writes ``data/train/<model>-<corpus>/model.pt`` (the best weights; ``seed-<i>/model.pt``
-with ``seeds > 1``) and ``manifest.json`` (per seed: MLflow run id, registered model
-version, checkpoint paths, metrics). A run listed under ``tune.runs`` starts from
-``data/tune/<model>-<corpus>/best.json``.
+``<run>`` is a key of ``train.runs`` or ``tune.runs``: ``<model>-<corpus>[-<variant>]``.
+Writes ``data/train/<run>/model.pt`` (the best weights; ``seed-<i>/model.pt`` with
+``seeds > 1``) and ``manifest.json`` (per seed: MLflow run id, registered model version,
+checkpoint paths, metrics). A run listed under ``tune.runs`` starts from
+``data/tune/<run>/best.json``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import Params, load_params, run_key, run_slice
+from pipeline.config import Params, load_params, parse_run_key, run_slice
 from pipeline.errors import HiertxError
 from pipeline.train.seeds import train_seeds
 
@@ -28,22 +29,24 @@ def select_params(params: Params, key: str) -> Params:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("corpus")
+    parser.add_argument("run", help="a key of train.runs or tune.runs: <model>-<corpus>")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
     )
     args = parser.parse_args(argv)
     try:
-        params = select_params(load_params(args.params), run_key(args.model, args.corpus))
-        record = train_seeds(params, args.model, args.corpus, show_progress=not args.no_progress)
+        model, corpus, variant = parse_run_key(args.run)
+        params = select_params(load_params(args.params), args.run)
+        record = train_seeds(
+            params, model, corpus, show_progress=not args.no_progress, variant=variant
+        )
     except HiertxError as err:
-        print(f"train {args.model} {args.corpus}: {err}", file=sys.stderr)
+        print(f"train {args.run}: {err}", file=sys.stderr)
         return 1
     for seed in record.seeds:
         print(
-            f"{args.model} on {args.corpus} (seed {seed.seed}): best valid loss "
+            f"{args.run} (seed {seed.seed}): best valid loss "
             f"{seed.metric('best_valid_loss'):.4f} at step {seed.metric('best_step'):.0f} of "
             f"{seed.metric('steps'):.0f} -> {seed.checkpoint}"
         )

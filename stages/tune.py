@@ -1,8 +1,9 @@
 """Stage ``tune``: search one model's hyper-parameters on one corpus (Optuna + ASHA).
 
-    python -m stages.tune <model> <corpus> [--params params.yaml] [--no-progress]
+    python -m stages.tune <run> [--params params.yaml] [--no-progress]
 
-Writes ``data/tune/<model>-<corpus>/best.json``; an interrupted search resumes.
+``<run>`` is a key of ``tune.runs`` (``<model>-<corpus>``). Writes
+``data/tune/<run>/best.json``; an interrupted search resumes.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import Params, load_params, run_key, run_slice
+from pipeline.config import Params, load_params, parse_run_key, run_slice
 from pipeline.errors import HiertxError
 from pipeline.train.run import tune_run
 
@@ -25,25 +26,25 @@ def select_params(params: Params, key: str) -> Params:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("corpus")
+    parser.add_argument("run", help="a key of tune.runs: <model>-<corpus>")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
     )
     args = parser.parse_args(argv)
     try:
+        model, corpus, _ = parse_run_key(args.run)
         best = tune_run(
-            select_params(load_params(args.params), run_key(args.model, args.corpus)),
-            args.model,
-            args.corpus,
+            select_params(load_params(args.params), args.run),
+            model,
+            corpus,
             show_progress=not args.no_progress,
         )
     except HiertxError as err:
-        print(f"tune {args.model} {args.corpus}: {err}", file=sys.stderr)
+        print(f"tune {args.run}: {err}", file=sys.stderr)
         return 1
     print(
-        f"{args.model} on {args.corpus}: best valid loss {best.valid_loss:.4f} of "
+        f"{args.run}: best valid loss {best.valid_loss:.4f} of "
         f"{best.trials} trials with {best.config} {best.optimizer}"
     )
     return 0

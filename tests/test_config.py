@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import CorpusName, Params, load_params, parse_params
+from pipeline.config import CorpusName, Params, load_params, parse_params, parse_run_key
 from pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,6 +143,28 @@ def test_run_on_a_corpus_outside_corpora_names_its_key(tiny: dict) -> None:
     err = _error(raw)
     assert err.key == "train.runs.transformer-ptb.corpus"
     assert "'ptb' is not in corpora: ['chitchat']" in err.reason and "add it" in err.reason
+
+
+def test_run_keys_parse_back_and_variants_are_checked(tiny: dict) -> None:
+    assert parse_run_key("hgpt-ptb-l1_1_4") == ("hgpt", CorpusName.PTB, "l1_1_4")
+    assert parse_run_key("hier-multiwoz") == ("hier", CorpusName.MULTIWOZ, None)
+    for bad in ("hier", "hier-nowhere", "-chitchat", "a-chitchat-b-c"):
+        with pytest.raises(ConfigError, match="no run key"):
+            parse_run_key(bad)
+    # a variant's model overrides are checked like any run's
+    run = {
+        "model": "unet",
+        "corpus": "chitchat",
+        "variant": "x",
+        "overrides": {"model": {"n_layerz": 2}},
+    }
+    err = _error(_with(tiny, "train.runs.unet-chitchat-x", run))
+    assert err.key == "train.runs.unet-chitchat-x.overrides.model.n_layerz"
+    err = _error(_with(tiny, "train.runs.unet-chitchat-X", {**run, "variant": "X"}))
+    assert err.key == "train.runs.unet-chitchat-X.variant"
+    tuned = {"model": "hier", "corpus": "chitchat", "variant": "x"}
+    err = _error(_with(tiny, "tune.runs.hier-chitchat-x", tuned))
+    assert err.key.startswith("tune.runs.hier-chitchat-x") and "no variants" in err.reason
 
 
 def test_unknown_keys_name_the_closest_allowed_key(tiny: dict) -> None:

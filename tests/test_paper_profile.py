@@ -32,6 +32,7 @@ from pipeline.eval.evaluate import decode_config
 from pipeline.eval.perplexity import example_nll
 from pipeline.models import registry
 from pipeline.models.base import DataSizes, count_parameters
+from pipeline.report.published import PAPERS
 from pipeline.train.job import model_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +41,10 @@ PAPER = load_params(REPO / "profiles" / "paper.yaml")
 RUNS = sorted(
     (key, target.model, target.corpus.value)
     for key, target in [*PAPER.train.runs.items(), *PAPER.tune.runs.items()]
+    if target.variant is None
 )
+# The HGPT paper's layer sweeps: the same models at other depths (their own test below).
+SWEEP = {key: t for key, t in PAPER.train.runs.items() if t.variant is not None}
 
 
 def _convlab_part(shared: Path, part: str, n: int, skip: int = 0) -> dict:
@@ -143,6 +147,33 @@ def test_a_run_builds_from_the_record_learns_and_evaluates(records, key, model, 
             for decode in PAPER.evaluate.models.get(model, PAPER.evaluate.decodes):
                 out = generate(net, test, decode_config(decode, 4))
                 assert out.tokens.shape[0] == 2, (key, decode)
+
+
+def test_the_layer_sweeps_are_the_papers_rows_at_its_parameter_steps():
+    """Every row of the HGPT paper's Tables 1-5 is a run (a variant of the 6-layer
+    runs), at the printed depth or split; each layer adds what the paper's parameter
+    counts add per layer (6.3M per two layers, 5.8M congruent: 20.3M at 4 layers to
+    55.0M at 15), to 1%. The paper's counts themselves sit 2.6M above ours at every depth
+    (README: a constant the paper does not explain)."""
+    ptb = {label.split(" (")[0]: None for label in PAPERS["Hierarchical GPT, Tables 1-5"][1].values}
+    rows = {f"{t.model} ({t.variant})" for t in SWEEP.values()}
+    assert rows == set(PAPERS["Hierarchical GPT, Tables 1-5"][1].values) and set(ptb) == {
+        "gpt", "congruent_gpt", "hgpt", "congruent_hgpt"}  # fmt: skip
+    sizes = DataSizes(vocab_size=10_000)
+
+    def count(model: str, variant: str | None) -> int:
+        run = PAPER.train.run(model, "ptb", variant)
+        config = model_config(model, sizes, run.model, f"train.runs.{model}")
+        return count_parameters(registry.build_from_config(model, config))
+
+    for model, per_layer in (("gpt", 6.3e6 / 2), ("congruent_gpt", 5.8e6 / 2)):
+        base = count(model, None)
+        for n in (4, 15):
+            assert abs((count(model, f"l{n}") - base) / ((n - 6) * per_layer) - 1) < 0.01
+    # the paper counts HGPT as the GPT of as many layers (20.3M both at 4); ours adds only
+    # its start-of-document vector (d_model)
+    assert count("hgpt", "l1_1_2") == count("gpt", "l4") + 512
+    assert count("congruent_hgpt", "l5_5_5") == count("congruent_gpt", "l15") + 512
 
 
 def _paper_size(model: str, vocab: int) -> torch.nn.Module:

@@ -15,6 +15,7 @@ from pipeline.artifacts import (
     TrainRecord,
     save_model,
 )
+from pipeline.config import run_key
 from pipeline.models import registry
 
 
@@ -25,9 +26,10 @@ def write_trained(
     corpus: str = "chitchat",
     metrics: dict[str, float] | None = None,
     mlflow: MlflowRef | None = None,
+    variant: str | None = None,
 ) -> str:
     """``data/train/<key>/{model.pt,manifest.json}`` holding ``model`` as seed 0; the key."""
-    key = f"{model_name}-{corpus}"
+    key = run_key(model_name, corpus, variant)
     layout = Layout(root)
     task = registry.spec(model_name).task.value
     checkpoint = layout.train_out(key) / MODEL_FILE

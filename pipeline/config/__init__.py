@@ -52,7 +52,9 @@ from pipeline.config.train import (
     ScheduleParams,
     TrainParams,
     merge_params,
+    parse_run_key,
     run_key,
+    run_label,
 )
 from pipeline.config.tune import SearchDim, SearchKind, SearchSpace, TuneParams
 from pipeline.errors import ConfigError
@@ -214,6 +216,8 @@ __all__ = [
     "load_params",
     "merge_params",
     "parse_params",
+    "parse_run_key",
     "run_key",
+    "run_label",
     "run_slice",
 ]  # fmt: skip

@@ -13,6 +13,7 @@ from pydantic import (
 )
 
 from pipeline.config.sections import CorpusName, Section
+from pipeline.errors import ConfigError
 
 # --------------------------------------------------------------------------- train
 
@@ -122,28 +123,60 @@ def merge_params(base: Section, override: Section) -> Section:
 
 class RunTarget(Section):
     """One model trained (or tuned) on one corpus; its key in ``runs`` is
-    ``<model>-<corpus>`` (the DVC stage name suffix and output folder)."""
+    ``<model>-<corpus>`` (the DVC stage name suffix and output folder), or
+    ``<model>-<corpus>-<variant>`` for a further run of the same pair (a sweep)."""
 
     model: str = Field(min_length=1)
     corpus: CorpusName
+    variant: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9_.]*$",
+        description="names one more run of this model and corpus with its own overrides "
+        "(the HGPT paper's layer splits: l1_1_4); train runs only",
+    )
     overrides: RunParams = Field(
         default_factory=RunParams, description="keys of this run that differ (train runs only)"
     )
 
     @property
     def key(self) -> str:
-        return run_key(self.model, self.corpus)
+        return run_key(self.model, self.corpus, self.variant)
+
+    @property
+    def label(self) -> str:
+        """How tables name the run: the model, and its variant if it has one."""
+        return run_label(self.model, self.variant)
 
 
-def run_key(model: str, corpus: str) -> str:
-    """The name of a (model, corpus) run: ``hier-multiwoz``."""
-    return f"{model}-{corpus}"
+def run_key(model: str, corpus: str, variant: str | None = None) -> str:
+    """The name of a (model, corpus) run: ``hier-multiwoz``; ``hgpt-ptb-l2_2_2`` with a
+    variant."""
+    return f"{model}-{corpus}" + (f"-{variant}" if variant else "")
+
+
+def parse_run_key(key: str) -> tuple[str, CorpusName, str | None]:
+    """``(model, corpus, variant)`` of a run key (``run_key``'s inverse: model names,
+    corpus names and variants hold no ``-``); a ``ConfigError`` for anything else."""
+    parts = key.split("-")
+    corpus = parts[1] if len(parts) in (2, 3) else None
+    if corpus not in {c.value for c in CorpusName} or not parts[0]:
+        raise ConfigError(
+            "runs", f"{key!r} is no run key: <model>-<corpus>[-<variant>], e.g. hier-multiwoz"
+        )
+    return parts[0], CorpusName(corpus), parts[2] if len(parts) == 3 else None
+
+
+def run_label(model: str, variant: str | None) -> str:
+    """A run's row name in the report: ``hgpt``, ``hgpt (l2_2_2)``."""
+    return f"{model} ({variant})" if variant else model
 
 
 def check_run_keys(runs: dict[str, RunTarget], where: str) -> None:
     for key, target in runs.items():
         if key != target.key:
-            raise ValueError(f"{where}.{key}: must be named {target.key!r} (<model>-<corpus>)")
+            raise ValueError(
+                f"{where}.{key}: must be named {target.key!r} (<model>-<corpus>[-<variant>])"
+            )
 
 
 class PlacementStrategy(enum.StrEnum):
@@ -188,12 +221,13 @@ class TrainParams(Section):
         check_run_keys(self.runs, "runs")
         return self
 
-    def run(self, model: str, corpus: str) -> RunParams:
-        """The merged knobs of ``model`` on ``corpus``: defaults < models < run overrides."""
+    def run(self, model: str, corpus: str, variant: str | None = None) -> RunParams:
+        """The merged knobs of ``model`` on ``corpus`` (its ``variant``): defaults < models
+        < run overrides."""
         merged = self.defaults
         if model in self.models:
             merged = merge_params(merged, self.models[model])
-        target = self.runs.get(run_key(model, corpus))
+        target = self.runs.get(run_key(model, corpus, variant))
         if target is not None:
             merged = merge_params(merged, target.overrides)
         return merged  # type: ignore[return-value]

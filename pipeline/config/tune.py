@@ -90,4 +90,9 @@ class TuneParams(Section):
         for key, target in self.runs.items():
             if target.model not in self.spaces:
                 raise ValueError(f"runs.{key}: tune.spaces has no entry for {target.model!r}")
+            if target.variant is not None:
+                raise ValueError(
+                    f"runs.{key}.variant: a tuned run has no variants (list further runs of "
+                    "the same model and corpus under train.runs)"
+                )
         return self

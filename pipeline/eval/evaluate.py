@@ -483,16 +483,18 @@ def evaluate_run(
     corpus: str,
     root: str | Path = ".",
     progress: bool | Mode = False,
+    variant: str | None = None,
 ) -> dict[str, float]:
-    """Evaluate every seed of ``<model>-<corpus>``; writes ``metrics/<key>.json`` and
-    ``data/eval/<key>/`` (module docstring) and returns the aggregated metrics.
-    ``progress``: per seed, the test batches done of the total (``pipeline.progress``)."""
+    """Evaluate every seed of run ``<model>-<corpus>[-<variant>]``; writes
+    ``metrics/<key>.json`` and ``data/eval/<key>/`` (module docstring) and returns the
+    aggregated metrics. ``progress``: per seed, the test batches done of the total
+    (``pipeline.progress``)."""
     from pipeline.config import run_key
     from pipeline.models import registry
 
     start = time.perf_counter()
     layout = Layout(Path(root).resolve())
-    key = run_key(model_name, corpus)
+    key = run_key(model_name, corpus, variant)
     task = registry.spec(model_name).task
     shards = layout.shards(corpus)
     seeds = read_train(layout, key).seeds

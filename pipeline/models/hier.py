@@ -162,9 +162,10 @@ class HTEncoder(nn.Module):
     ``forward`` takes the masks explicitly (built once per batch by the caller with
     ``masks``), so the same stack runs any variant; a mask may also be given as the
     equivalent ``TokenGroups`` (module docstring). Local PE (``utt_pos``) is added to the
-    embeddings only when there are utterance layers; global PE (absolute position) before
-    the first context layer. With no utterance layers (MAT) it is exactly a plain encoder
-    with a special mask, as the paper describes.
+    embeddings, global PE (absolute position) before the first context layer. With no
+    utterance layers (MAT) it is a plain encoder with a special mask, as the paper describes,
+    over embeddings that still carry their local positions: the authors' code (``model.py``,
+    ``ablation == 'MAT'``) skips the utterance encoder but not its ``pos_encoder``.
     """
 
     def __init__(
@@ -202,9 +203,8 @@ class HTEncoder(nn.Module):
         ``[B, L, L]`` (True = may attend; ``None`` = no mask) or their ``TokenGroups``
         (then pad positions leave the stack as zeros)."""
         real = history.input_mask
-        x = self.embed(history.input_ids)
+        x = self.dropout(self.embed(history.input_ids) + self.positions(history.utt_pos))
         if len(self.utterance_layers):
-            x = self.dropout(x + self.positions(history.utt_pos))
             x = run_stack(self.utterance_layers, x, ut, real)
         return self.contextualise(x, ct, real)
 

@@ -88,7 +88,7 @@ def metric_bars(runs: Sequence[RunResult], path: Path) -> Path:
         errors = [0.0 if math.isnan(e) else e for e in errors]
         x = np.arange(len(chosen))
         ax.bar(x, means, yerr=errors, capsize=4, color="tab:blue", alpha=0.8)
-        ax.set_xticks(x, [r.model for r in chosen], rotation=35, ha="right", fontsize=8)
+        ax.set_xticks(x, [r.label for r in chosen], rotation=35, ha="right", fontsize=8)
         better = "lower" if metric.better.value == "lower" else "higher"
         ax.set_title(f"{corpus} / {task}: {metric.label} ({better} is better)")
         ax.grid(axis="y", alpha=0.3)

@@ -68,6 +68,24 @@ def _hrt(corpus: str, rows: dict[str, tuple[float | None, ...]]) -> PaperTable:
     return PaperTable("HRT paper, Table 1", corpus, setup, _rows(("recall_at_10", "mrr"), rows))
 
 
+# The HGPT paper's layer sweeps (test PPL), keyed by the variant names of the paper
+# profile's runs (`gpt-ptb-l4`, `hgpt-ptb-l2_2_2`): Tables 1-2 (GPT by layers), 3 (HGPT by
+# sentence encoder / document decoder / sentence decoder layers; its second 9-layer row,
+# printed 4/4/2, is left out: it sums to 10) and 5 (congruent HGPT; Table 4 repeats rows
+# of Table 3). The 6-layer runs (GPT 6, HGPT 1/1/4) are the table above.
+_HGPT_SWEEP = {
+    "gpt": {"l4": 54.9, "l8": 52.4, "l10": 52.8, "l12": 52.4, "l15": 54.0},
+    "congruent_gpt": {"l4": 50.5, "l8": 50.7, "l10": 51.1, "l12": 51.5, "l15": 53.2},
+    "hgpt": {
+        "l1_1_1": 58.4, "l1_1_2": 53.0, "l1_1_3": 51.5, "l2_2_1": 56.9, "l2_2_2": 52.6,
+        "l2_2_3": 50.8, "l3_3_1": 56.1, "l2_2_4": 50.5, "l3_3_2": 52.7, "l3_3_3": 51.6,
+        "l3_3_4": 51.1, "l4_4_2": 53.0, "l4_4_3": 53.3, "l4_4_4": 51.6, "l5_5_3": 53.4,
+        "l5_5_4": 53.2, "l5_5_5": 53.4, "l6_6_3": 53.5,
+    },
+    "congruent_hgpt": {"l1_1_2": 52.8, "l2_2_4": 50.4, "l3_3_4": 50.5, "l4_4_4": 50.9,
+                       "l5_5_5": 51.2},
+}  # fmt: skip
+
 # Keyed by the start of the report table's title.
 PAPERS: dict[str, tuple[PaperTable, ...]] = {
     "U-Net Transformer, Tables 1-2": (
@@ -155,6 +173,11 @@ PAPERS: dict[str, tuple[PaperTable, ...]] = {
             "gpt": {"test_ppl": 52.9}, "congruent_gpt": {"test_ppl": 50.3},
             "hgpt": {"test_ppl": 50.5}, "congruent_hgpt": {"test_ppl": 50.4},
         }),
+        PaperTable("HGPT paper, Tables 1-5 (layer sweeps)", "Penn Treebank (Mikolov)",
+                   "8 heads x 512; rows by total layers (GPT) or split (HGPT)", {
+            f"{model} ({variant})": {"test_ppl": ppl} for model, rows in _HGPT_SWEEP.items()
+            for variant, ppl in rows.items()
+        }),
     ),
 }  # fmt: skip
 
@@ -209,7 +232,7 @@ def paper_markdown(table: Table) -> str:
     key = _key(table.title)
     if key is None:
         return ""
-    models = [row.model for row in table.rows]
+    models = [row.label for row in table.rows]  # a sweep's rows: ``gpt (l4)``
     lines = []
 
     def paper_key(metric: Metric) -> str:  # the paper's column of a decoded metric
@@ -303,7 +326,7 @@ def _paper_numbers(table: Table, claim: Claim, metric: Metric) -> str:
 
 def _verdict(table: Table, claim: Claim) -> Verdict | None:
     columns = {m.key: i for i, m in enumerate(table.columns)}
-    rows = {row.model: row for row in table.rows}
+    rows = {row.model: row for row in table.rows if row.variant is None}
     key = f"{claim.metric}{table.decoding}"
     if key not in columns or claim.better not in rows or claim.worse not in rows:
         return None

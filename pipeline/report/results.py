@@ -28,7 +28,7 @@ from pipeline.artifacts import (
     read_metrics,
     read_train,
 )
-from pipeline.config import Params
+from pipeline.config import Params, run_label
 from pipeline.eval.stats import mean_ci
 from pipeline.models import registry
 
@@ -37,17 +37,21 @@ CI_SUFFIX = "_ci95"
 
 @dataclass(frozen=True)
 class ExpectedRun:
-    """A run ``params.yaml`` trains: ``<model>-<corpus>``."""
+    """A run ``params.yaml`` trains: ``<model>-<corpus>[-<variant>]``."""
 
     key: str
     model: str
     corpus: str
     tuned: bool
+    variant: str | None = None
 
 
 def expected_runs(params: Params) -> list[ExpectedRun]:
     """Every trained run (untuned ones first), in ``params.yaml`` order."""
-    runs = [ExpectedRun(k, t.model, t.corpus.value, False) for k, t in params.train.runs.items()]
+    runs = [
+        ExpectedRun(k, t.model, t.corpus.value, False, t.variant)
+        for k, t in params.train.runs.items()
+    ]
     runs += [ExpectedRun(k, t.model, t.corpus.value, True) for k, t in params.tune.runs.items()]
     return runs
 
@@ -79,6 +83,12 @@ class RunResult:
     examples: tuple[ExampleResult, ...]
     n_parameters: int
     model_config: dict[str, Any]
+    variant: str | None = None  # a further run of the same model and corpus (a sweep)
+
+    @property
+    def label(self) -> str:
+        """The run's row name: ``hgpt``, or ``hgpt (l2_2_2)`` for a variant."""
+        return run_label(self.model, self.variant)
 
     def estimate(self, name: str) -> Estimate | None:
         """``name`` from metrics.json (NaN if the evaluate stage wrote null), else a train
@@ -122,6 +132,7 @@ def load_run(root: Path, run: ExpectedRun) -> RunResult:
         examples=read_examples(layout.eval_out(run.key) / PER_EXAMPLE_FILE),
         n_parameters=n_params,
         model_config=config,
+        variant=run.variant,
     )
 
 

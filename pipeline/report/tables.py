@@ -13,6 +13,7 @@ import enum
 import math
 from dataclasses import dataclass, field, replace
 
+from pipeline.config import run_label
 from pipeline.eval.text import DEFAULT_TOKENIZE, bleu_signature
 from pipeline.report.results import CI_SUFFIX, Estimate, RunResult
 from pipeline.report.significance import Comparison, NotComparable, compare, is_tested
@@ -195,6 +196,11 @@ class Row:
     key: str
     model: str
     cells: tuple[Cell, ...]
+    variant: str | None = None  # a further run of the same model (a sweep's row)
+
+    @property
+    def label(self) -> str:
+        return run_label(self.model, self.variant)
 
 
 @dataclass(frozen=True)
@@ -260,7 +266,7 @@ def build_table(
     columns = tuple(m for m in spec.metrics if any(r.estimate(m.key) for r in chosen))
     if not columns:
         return None
-    baseline = next((r for r in chosen if r.model == spec.baseline), None)
+    baseline = next((r for r in chosen if r.model == spec.baseline and r.variant is None), None)
     baseline_name = spec.baseline if baseline is not None else None
     notes: list[str] = []
     if any(m.key.startswith("bleu") and m.key != BLEU_HIER.key for m in columns):
@@ -289,7 +295,7 @@ def build_table(
                 except NotComparable as why:
                     notes.append(f"{run.key} vs {baseline.key}, {metric.label}: {why}.")
             cells.append(Cell(run.estimate(metric.key), comparison))
-        rows.append(Row(run.key, run.model, tuple(cells)))
+        rows.append(Row(run.key, run.model, tuple(cells), run.variant))
     for reference in references:
         row = reference.row(columns)
         if reference.corpus == corpus and reference.task == spec.task and row is not None:
@@ -417,7 +423,7 @@ def overview(runs: list[RunResult]) -> list[OverviewRow]:
         rows.append(
             OverviewRow(
                 run.key,
-                run.model,
+                run.label,
                 run.corpus,
                 run.task,
                 run.tuned,
@@ -461,7 +467,7 @@ def table_markdown(table: Table) -> str:
     """The table as GitHub markdown, then its notes."""
     header = ["Model", *[m.label for m in table.columns]]
     body = [
-        [row.model + (" (baseline)" if row.model == table.baseline else "")]
+        [row.label + (" (baseline)" if row.label == table.baseline else "")]
         + [cell.format(metric) for cell, metric in zip(row.cells, table.columns, strict=True)]
         for row in table.rows
     ]
@@ -492,6 +498,7 @@ def table_json(table: Table) -> dict[str, object]:
             {
                 "run": r.key,
                 "model": r.model,
+                "variant": r.variant,
                 **{m.key: cell(c) for m, c in zip(table.columns, r.cells, strict=True)},
             }
             for r in table.rows

@@ -61,6 +61,7 @@ class Plan:
     config: dict[str, Any]
     sizes: DataSizes
     tuned_from: TuneRecord | None
+    variant: str | None = None
 
 
 def _task(params: Params, model: str, corpus: str, where: str) -> Task:
@@ -75,14 +76,16 @@ def _task(params: Params, model: str, corpus: str, where: str) -> Task:
     return task
 
 
-def plan_train(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
+def plan_train(
+    params: Params, model: str, corpus: str, layout: Layout, variant: str | None = None
+) -> Plan:
     """Check a train run's params and inputs; apply the tune result if it is tuned."""
-    key = run_key(model, corpus)
+    key = run_key(model, corpus, variant)
     tuned = key in params.tune.runs
     if key not in params.train.runs and not tuned:
         raise ConfigError("train.runs", f"{key} is in neither train.runs nor tune.runs")
     task = _task(params, model, corpus, f"train.runs.{key}")
-    run = params.train.run(model, corpus)
+    run = params.train.run(model, corpus, variant)
     best = None
     if tuned:
         best = TuneRecord.read(layout.tune_out(key) / BEST_FILE)
@@ -97,7 +100,7 @@ def plan_train(params: Params, model: str, corpus: str, layout: Layout) -> Plan:
     per_rank_batch(run.batch_size, workers, "batch_size")
     sizes = read_manifest(layout.shards(corpus)).data_sizes()
     config = model_config(model, sizes, run.model, f"train.models.{model}")
-    return Plan(model, corpus, task, run, config.model_dump(mode="json"), sizes, best)
+    return Plan(model, corpus, task, run, config.model_dump(mode="json"), sizes, best, variant)
 
 
 # --------------------------------------------------------------------------- train
@@ -117,6 +120,7 @@ def _start_tracker(
     tags = {
         tracking.TAG_MODEL: plan.model,
         tracking.TAG_CORPUS: plan.corpus,
+        tracking.TAG_VARIANT: plan.variant or "",
         tracking.TAG_TASK: plan.task.value,
         tracking.TAG_STAGE: stage,
         tracking.TAG_GIT: code_version(root) or "unknown",
@@ -182,12 +186,14 @@ def train_run(
     root: str | Path = ".",
     show_progress: bool = True,
     model_file: Path | None = None,
+    variant: str | None = None,
 ) -> TrainedSeed:
-    """Train (or resume) ``model`` on ``corpus`` and export its best weights to
-    ``model_file`` (default ``data/train/<key>/model.pt``); returns the seed's record
-    (``seeds.train_seeds`` writes the run's :class:`~pipeline.artifacts.TrainRecord`)."""
+    """Train (or resume) ``model`` on ``corpus`` (run ``variant``) and export its best
+    weights to ``model_file`` (default ``data/train/<key>/model.pt``); returns the seed's
+    record (``seeds.train_seeds`` writes the run's :class:`~pipeline.artifacts.TrainRecord`)."""
     layout = Layout(Path(root).resolve())
-    plan = plan_train(params, model, corpus, layout)
+    key = run_key(model, corpus, variant)
+    plan = plan_train(params, model, corpus, layout, variant)
     scale = params.train.scale
     shards = layout.shards(corpus)
     name = run_name(
@@ -198,6 +204,7 @@ def train_run(
         plan.config,
         scale.num_workers,
         data_fingerprint(shards),
+        *([variant] if variant else []),  # a variant never resumes another run's checkpoint
     )
     storage = storage_path(scale, layout.root)
     resumes = has_checkpoint(name, scale, storage)
@@ -220,11 +227,11 @@ def train_run(
             run_dir=storage,
             sink=tracker.sink,
             show_progress=show_progress,
-            label=f"train {run_key(model, corpus)} (seed {plan.params.seed})",
+            label=f"train {key} (seed {plan.params.seed})",
         )
         result = fit(job, scale, storage)
         if model_file is None:
-            model_file = layout.train_out(run_key(model, corpus)) / MODEL_FILE
+            model_file = layout.train_out(key) / MODEL_FILE
         _export(result.load(), result.metrics, name, model_file)
         mlflow = None
         if isinstance(tracker, tracking.Tracker):
@@ -284,7 +291,7 @@ def _track_final(
     if samples:
         tracker.log_text(samples, "samples/generations.txt")
     version = None
-    registered = tracking.registered_model_name(plan.model, plan.corpus)
+    registered = tracking.registered_model_name(plan.model, plan.corpus, plan.variant)
     if params.tracking.log_model:
         version = tracker.log_pyfunc(
             registered if params.tracking.register_model else None,

@@ -26,11 +26,13 @@ def seed_values(base: int, n: int) -> list[int]:
     return [base + SEED_STRIDE * i for i in range(n)]
 
 
-def with_seed(params: Params, model: str, corpus: str, seed: int) -> Params:
-    """``params`` with run ``<model>-<corpus>``'s seed set to ``seed`` (its run overrides
-    for a train run, the model's overrides for a tuned run), nothing else changed."""
+def with_seed(
+    params: Params, model: str, corpus: str, seed: int, variant: str | None = None
+) -> Params:
+    """``params`` with run ``<model>-<corpus>[-<variant>]``'s seed set to ``seed`` (its run
+    overrides for a train run, the model's overrides for a tuned run), nothing else changed."""
     raw = params.model_dump(mode="json", exclude_unset=True)
-    key = run_key(model, corpus)
+    key = run_key(model, corpus, variant)
     train = raw.setdefault("train", {})
     if key in params.train.runs:
         target = train.setdefault("runs", {})[key]
@@ -41,19 +43,27 @@ def with_seed(params: Params, model: str, corpus: str, seed: int) -> Params:
 
 
 def train_seeds(
-    params: Params, model: str, corpus: str, root: str | Path = ".", show_progress: bool = True
+    params: Params,
+    model: str,
+    corpus: str,
+    root: str | Path = ".",
+    show_progress: bool = True,
+    variant: str | None = None,
 ) -> TrainRecord:
-    """Train every seed of ``model`` on ``corpus``; writes and returns the run's record."""
+    """Train every seed of ``model`` on ``corpus`` (run ``variant``); writes and returns
+    the run's record."""
     layout = Layout(Path(root).resolve())
-    run = params.train.run(model, corpus)
+    run = params.train.run(model, corpus, variant)
     seeds = seed_values(run.seed, run.seeds)
-    out = layout.train_out(run_key(model, corpus))
+    out = layout.train_out(run_key(model, corpus, variant))
     trained = []
     for i, seed in enumerate(seeds):
         folder = out / f"seed-{i}" if len(seeds) > 1 else out
-        seeded = with_seed(params, model, corpus, seed)
+        seeded = with_seed(params, model, corpus, seed, variant)
         start = time.perf_counter()
-        done = train_run(seeded, model, corpus, root, show_progress, folder / MODEL_FILE)
+        done = train_run(
+            seeded, model, corpus, root, show_progress, folder / MODEL_FILE, variant=variant
+        )
         # Wall time of this process's training (a resumed run: since the resume).
         wall = {WALL_SECONDS: time.perf_counter() - start}
         trained.append(done.model_copy(update={"metrics": {**done.metrics, **wall}}))

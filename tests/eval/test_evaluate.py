@@ -312,9 +312,9 @@ def test_progress_shows_batches_and_decodes_and_no_progress_is_silent(project, m
 
     (project / "params.yaml").write_text(yaml.safe_dump(raw))
     monkeypatch.chdir(project)
-    assert stage.main(["transformer", "chitchat", "--no-progress"]) == 0
+    assert stage.main(["transformer-chitchat", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
-    assert stage.main(["gpt", "chitchat"]) == 0
+    assert stage.main(["gpt-chitchat"]) == 0
     assert "evaluate gpt-chitchat (seed 1234): finished batch 2/2" in capsys.readouterr().err
 
 

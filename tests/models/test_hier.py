@@ -197,10 +197,12 @@ def test_packed_layout_equals_the_masks(name, extra):
             assert_close(a.grad, b.grad, atol=1e-6)
 
 
-def test_mat_with_full_mask_is_a_plain_transformer_encoder():
+def test_mat_with_full_mask_is_a_plain_transformer_encoder_over_local_and_global_pe():
+    """MAT keeps the local PE of the utterance stage it lacks, as the authors' code does."""
     model = small("mat", context_mask="full")
     enc, h = model.encoder, BATCH.history
-    x = enc.embed(h.input_ids) + enc.positions.range(h.input_ids.shape[1])
+    x = enc.embed(h.input_ids) + enc.positions(h.utt_pos)
+    x = x + enc.positions.range(h.input_ids.shape[1])
     key_mask = h.input_mask[:, None, None, :]
     for layer in enc.context_layers:
         x = layer(x, mask=key_mask)

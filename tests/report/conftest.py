@@ -46,6 +46,7 @@ TINY = {
     "transformer_ranker": {"d_embed": 16, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
     "hrt_last": {"d_embed": 16, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1},
     "gpt": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+    "congruent_gpt": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
     "hier": {
         "d_model": 16,
         "d_ff": 32,
@@ -79,11 +80,12 @@ def write_run(
     corpus: str = "chitchat",
     train_metrics: dict | None = None,
     mlflow: MlflowRef | None = None,
+    variant: str | None = None,
 ) -> str:
     """A run's train record and model, evaluation rows and metrics, written through the
     stage contract; ``rows`` are :class:`ExampleResult` fields."""
     net = registry.build(model, VOCAB, **TINY[model])
-    key = write_trained(root, model, net, corpus, train_metrics, mlflow)
+    key = write_trained(root, model, net, corpus, train_metrics, mlflow, variant)
     layout = Layout(root)
     write_metrics(layout.metrics(key), metrics)
     write_examples(layout.eval_out(key) / PER_EXAMPLE_FILE, [ExampleResult(**r) for r in rows])

@@ -11,7 +11,7 @@ from pipeline.models import registry
 from pipeline.report.published import CLAIMS, PAPERS, Outcome, paper_markdown, verdicts
 from pipeline.report.results import Estimate, load_results
 from pipeline.report.significance import Comparison
-from pipeline.report.tables import SPECS, Table, build_tables
+from pipeline.report.tables import SPECS, Table, build_tables, table_markdown
 from tests.report.conftest import TOKENIZE, lm_rows, params_for, write_run
 from tests.report.test_tables import by_title, runs  # noqa: F401  (the fixture)
 
@@ -75,7 +75,7 @@ def test_every_published_table_names_a_report_table_and_its_models():
         task_models = {n for n in registry.names() if registry.spec(n).task == spec.task}
         allowed = set(spec.models) if spec.models else task_models
         for paper in papers:
-            unknown = set(paper.values) - allowed
+            unknown = {row.split(" (")[0] for row in paper.values} - allowed  # sweeps' rows
             assert not unknown, (key, unknown)
             columns = {m.key for m in spec.metrics} | {"length_loss_pearson_r"}
             assert {k for v in paper.values.values() for k in v} <= columns, key
@@ -141,3 +141,29 @@ def test_a_paper_table_needs_two_of_its_models_here(runs):  # noqa: F811
     alone = dataclasses.replace(table, rows=tuple(r for r in table.rows if r.model == "unet"))
     assert "In the paper (U-Net paper, Table 1" in paper_markdown(table)
     assert "In the paper" not in paper_markdown(alone)
+
+
+def test_a_sweeps_rows_are_labelled_compared_and_matched_to_the_papers_rows(tmp_path):
+    """Variants (the HGPT paper's layer sweeps) are rows of their own, named by model and
+    variant, tested against the baseline, beside the paper's row of the same depth, and
+    never stand in for the 6-layer model in the paper's comparisons."""
+    sweep = {"gpt-ptb": ("gpt", None, 9.0), "gpt-ptb-l4": ("gpt", "l4", 7.0),
+             "gpt-ptb-l8": ("gpt", "l8", 9.5),
+             "congruent_gpt-ptb": ("congruent_gpt", None, 8.0)}  # fmt: skip
+    for model, variant, nll in sweep.values():
+        rows = lm_rows([[nll] * 8])
+        write_run(tmp_path, model, rows, {"test_ppl": math.exp(nll / 10)}, "ptb", variant=variant)
+    train = {
+        key: {"model": m, "corpus": "ptb", **({"variant": v} if v else {})}
+        for key, (m, v, _) in sweep.items()
+    }
+    params = params_for([], train={"runs": train}, corpora=["ptb"],
+                        tokenize={"corpora": {"ptb": {"tasks": ["lm"]}}})  # fmt: skip
+    (table,) = build_tables(load_results(params, tmp_path), n_samples=50)
+    labels = [r.label for r in table.rows][:4]
+    assert labels == ["gpt", "gpt (l4)", "gpt (l8)", "congruent_gpt"]
+    text = table_markdown(table) + paper_markdown(table)
+    assert "| gpt (baseline) |" in text and "| gpt (l4) | 2.01 ▲ |" in text
+    assert "| gpt (l4) | 54.90 |\n| gpt (l8) | 52.40 |" in text  # the paper's (Table 1)
+    (verdict,) = verdicts(table)  # congruent_gpt vs the 6-layer gpt, not its variant
+    assert verdict.ours_text.endswith("vs 2.46")

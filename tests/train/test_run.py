@@ -28,7 +28,7 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.serving import ServingSpec, generate_batch
 from pipeline.train.run import plan_train, plan_tune
 from pipeline.train.seeds import train_seeds
-from tests.train.conftest import stage_params
+from tests.train.conftest import TINY_TRANSFORMER, stage_params
 
 
 def _error(raw: dict, project: Path, model: str = "transformer") -> ConfigError:
@@ -114,6 +114,51 @@ def test_per_model_and_per_run_overrides_merge_over_defaults():
     assert run.epochs == 9 and run.batch_size == 16  # run, defaults
     assert run.optimizer.lr == 0.5 and run.optimizer.betas == (0.8, 0.9)  # model, run
     assert run.model == {**run.model, "d_ff": 64, "d_model": 16}
+
+
+def test_a_variant_is_one_more_run_of_the_pair_with_its_own_overrides():
+    raw = stage_params()
+    raw["train"]["runs"]["transformer-chitchat-wide"] = {
+        "model": "transformer",
+        "corpus": "chitchat",
+        "variant": "wide",
+        "overrides": {"model": {"d_ff": 64}},
+    }
+    train = parse_params(raw).train
+    assert train.run("transformer", "chitchat", "wide").model["d_ff"] == 64
+    assert train.run("transformer", "chitchat").model == {**TINY_TRANSFORMER}
+    assert train.runs["transformer-chitchat-wide"].label == "transformer (wide)"
+    # the key names the variant
+    raw["train"]["runs"]["transformer-chitchat-broad"] = raw["train"]["runs"].pop(
+        "transformer-chitchat-wide"
+    )
+    with pytest.raises(ConfigError, match=r"must be named 'transformer-chitchat-wide'"):
+        parse_params(raw)
+
+
+@pytest.mark.slow
+def test_a_variant_trains_into_its_own_folder_and_mlflow_model(project, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'mlflow.db'}")
+    raw = stage_params()
+    raw["train"]["defaults"] |= {"epochs": 1, "max_batches_per_epoch": 2}
+    raw["train"]["runs"] = {
+        "transformer-chitchat-wide": {
+            "model": "transformer",
+            "corpus": "chitchat",
+            "variant": "wide",
+            "overrides": {"model": {"d_ff": 64}},
+        }
+    }
+    own = project / "variant"
+    shutil.copytree(project / "data" / "shards", own / "data" / "shards")
+    params = parse_params(raw)
+    record = train_seeds(params, "transformer", "chitchat", own, False, variant="wide")
+    (seed,) = record.seeds
+    assert seed.checkpoint == "data/train/transformer-chitchat-wide/model.pt"
+    assert seed.mlflow.registered_model == "hiertx-transformer-chitchat-wide"
+    assert load_model(own / seed.checkpoint).config.d_ff == 64
+    with pytest.raises(ConfigError, match="transformer-chitchat is in neither"):
+        plan_train(params, "transformer", "chitchat", Layout(own))
 
 
 @pytest.mark.slow
