@@ -264,10 +264,12 @@ def _config_fields(model: str) -> list[str]:
 def _check_spaces(params: Params) -> None:
     for model, space in params.tune.spaces.items():
         fields = _config_fields(model)
-        for name in space.model:
+        for section, name in [("model", n) for n in space.model] + [
+            ("per_head", n) for n in space.per_head
+        ]:
             if name not in fields:
                 raise ConfigError(
-                    f"tune.spaces.{model}.model.{name}",
+                    f"tune.spaces.{model}.{section}.{name}",
                     f"not a field of {model}'s config; {did_you_mean(name, fields)}"
                     f"choose among: {', '.join(fields)}",
                 )

@@ -222,6 +222,10 @@ def test_search_spaces_and_decodings_name_real_models_and_fields(tiny: dict) -> 
     err = _error(_with(tiny, "tune.spaces.hier.model.n_hedas", dim))
     assert err.key == "tune.spaces.hier.model.n_hedas"
     assert "did you mean 'n_heads'?" in err.reason
+    err = _error(
+        _with(tiny, "tune.spaces.hier", {"model": {"n_heads": dim}, "per_head": {"d_fff": dim}})
+    )
+    assert err.key == "tune.spaces.hier.per_head.d_fff" and "did you mean 'd_ff'?" in err.reason
     err = _error(_with(tiny, "tune.spaces.heir", {"model": {"n_heads": dim}}))
     assert err.key == "tune.spaces.heir" and "did you mean 'hier'?" in err.reason
     err = _error(_with(tiny, "evaluate.models.transformr", [{"strategy": "greedy"}]))

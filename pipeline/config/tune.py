@@ -53,9 +53,16 @@ class SearchDim(Section):
 
 
 class SearchSpace(Section):
-    """What is searched for one model: fields of its config and of the optimizer."""
+    """What is searched for one model: fields of its config and of the optimizer.
+
+    ``per_head`` searches config fields per attention head: the trial's value is the
+    sampled one times the sampled ``n_heads`` (which ``model`` must search). The HIER
+    authors search widths so (``search_params.py``: embedding = heads x 25..40, hidden =
+    heads x 10..40), which keeps every width divisible by the heads.
+    """
 
     model: dict[str, SearchDim] = Field(default_factory=dict)
+    per_head: dict[str, SearchDim] = Field(default_factory=dict)
     optimizer: dict[str, SearchDim] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -65,6 +72,15 @@ class SearchSpace(Section):
             raise ValueError(f"optimizer: {unknown} are not optimizer params")
         if not self.model and not self.optimizer:
             raise ValueError("model: name at least one dimension to search")
+        if self.per_head:
+            if "n_heads" not in self.model:
+                raise ValueError("per_head: multiplies the searched n_heads; add model.n_heads")
+            both = sorted(set(self.per_head) & set(self.model))
+            if both:
+                raise ValueError(f"per_head: {both} are also searched under model; keep one")
+            for name, dim in self.per_head.items():
+                if dim.kind not in (SearchKind.INT, SearchKind.CHOICE):
+                    raise ValueError(f"per_head.{name}: a size per head is an int or a choice")
         return self
 
 

@@ -59,11 +59,26 @@ def _dimension(dim: SearchDim) -> Any:
 
 
 def param_space(space: SearchSpace) -> dict[str, dict[str, Any]]:
-    """The Tune search space: ``{"model": {field: dim}, "optimizer": {field: dim}}``."""
-    return {
+    """The Tune search space: ``{"model": {field: dim}, "optimizer": {field: dim}}``, and
+    ``"per_head"`` when the space has it (absent otherwise, so a search saved before
+    ``per_head`` existed restores with the same space)."""
+    out = {
         "model": {k: _dimension(d) for k, d in space.model.items()},
         "optimizer": {k: _dimension(d) for k, d in space.optimizer.items()},
     }
+    if space.per_head:
+        out["per_head"] = {k: _dimension(d) for k, d in space.per_head.items()}
+    return out
+
+
+def sampled_model(sampled: dict[str, Any]) -> dict[str, Any]:
+    """The model config fields of a sampled trial: ``model`` as sampled, and each
+    ``per_head`` size times the sampled ``n_heads`` (``SearchSpace``)."""
+    model = dict(sampled.get("model", {}))
+    heads = model.get("n_heads")
+    for name, per_head in sampled.get("per_head", {}).items():
+        model[name] = int(per_head) * int(heads)
+    return model
 
 
 def trial_params(base: RunParams, tune_params: TuneParams, sampled: dict[str, Any]) -> RunParams:
@@ -76,7 +91,7 @@ def trial_params(base: RunParams, tune_params: TuneParams, sampled: dict[str, An
         {
             **base.model_dump(),
             "optimizer": optimizer.model_dump(),
-            "model": {**base.model, **sampled.get("model", {})},
+            "model": {**base.model, **sampled_model(sampled)},
             "epochs": tune_params.epochs_per_trial,
             "eval_every": None,
             "checkpoint_every": None,
@@ -202,7 +217,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
 
 @dataclass(frozen=True)
 class SearchResult:
-    best: dict[str, Any]  # the sampled values of the best trial ({"model":..., "optimizer":...})
+    best: dict[str, Any]  # the best trial's sampled values ({"model":..., "optimizer":...})
     valid_loss: float
     trial_id: str
     n_trials: int
@@ -216,7 +231,7 @@ class SearchResult:
             corpus=corpus,
             search=search,
             parent_run_id=parent_run_id,
-            config=self.best.get("model", {}),
+            config=sampled_model(self.best),
             optimizer=self.best.get("optimizer", {}),
             valid_loss=self.valid_loss,
             trial_id=self.trial_id,

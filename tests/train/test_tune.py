@@ -11,7 +11,7 @@ import pytest
 from pipeline.artifacts import BEST_FILE, TuneRecord
 from pipeline.config import RunParams, SearchSpace, TuneParams, parse_params
 from pipeline.train.run import tune_run
-from pipeline.train.tune import param_space, trial_params, trial_statuses
+from pipeline.train.tune import param_space, sampled_model, trial_params, trial_statuses
 from tests.train.conftest import stage_params
 
 
@@ -50,6 +50,42 @@ def test_trial_params_apply_the_sample_and_the_trial_budget():
     p = trial_params(base, TuneParams(epochs_per_trial=5), sampled)
     assert p.model == {"d_model": 16, "n_heads": 2} and p.optimizer.lr == 0.01
     assert (p.epochs, p.patience, p.eval_every) == (5, None, None)
+
+
+def test_per_head_sizes_multiply_the_sampled_heads_like_the_hier_authors_search():
+    """search_params.py of bsantraigi/HIER: embedding = heads x 25..40, hidden = heads x
+    10..40; the trial's config (and the record's) holds the products."""
+    space = SearchSpace.model_validate(
+        {
+            "model": {"n_heads": {"kind": "int", "low": 2, "high": 8}},
+            "per_head": {
+                "d_model": {"kind": "int", "low": 25, "high": 40},
+                "d_ff": {"kind": "int", "low": 10, "high": 40},
+            },
+        }
+    )
+    dims = param_space(space)
+    assert set(dims) == {"model", "per_head", "optimizer"}
+    assert {dims["per_head"]["d_model"].sample() for _ in range(300)} == set(range(25, 41))
+    sampled = {"model": {"n_heads": 7}, "per_head": {"d_model": 25, "d_ff": 13}}
+    assert sampled_model(sampled) == {"n_heads": 7, "d_model": 175, "d_ff": 91}
+    p = trial_params(RunParams(model={"d_model": 100, "dropout": 0.1}), TuneParams(), sampled)
+    assert p.model == {"d_model": 175, "dropout": 0.1, "n_heads": 7, "d_ff": 91}
+    # a space without per_head keeps the space it always had (saved searches restore)
+    assert set(param_space(SearchSpace(model=space.model))) == {"model", "optimizer"}
+
+
+def test_per_head_needs_the_searched_heads_and_integer_sizes():
+    heads = {"n_heads": {"kind": "int", "low": 2, "high": 8}}
+    size = {"kind": "int", "low": 10, "high": 40}
+    with pytest.raises(ValueError, match="per_head: multiplies the searched n_heads"):
+        SearchSpace.model_validate({"model": {"dropout": size}, "per_head": {"d_ff": size}})
+    with pytest.raises(ValueError, match=r"per_head: \['d_ff'\] are also searched"):
+        SearchSpace.model_validate({"model": {**heads, "d_ff": size}, "per_head": {"d_ff": size}})
+    with pytest.raises(ValueError, match=r"per_head\.d_ff: a size per head is an int"):
+        SearchSpace.model_validate(
+            {"model": heads, "per_head": {"d_ff": {"kind": "float", "low": 1, "high": 2}}}
+        )
 
 
 @pytest.mark.slow
