@@ -313,6 +313,7 @@ class TuneRecord(Record):
     trial_id: str
     trials: int
     errored_trials: int
+    valid_score: float | None = None  # the best trial's, when it was selected on a score
     parent_run_id: str | None = None
 
 

@@ -9,6 +9,7 @@ and cross-references between sections, which need the model registry:
   ``tokenize.corpora`` entry; the model's task is one of the corpus's ``tasks``;
 - model config overrides (``train.defaults.model``, ``train.models.<m>.model``,
   ``train.runs.<r>.overrides.model``) validate with the model's config class;
+- ``select_by: multiwoz_score`` only for generate models on a task-oriented corpus;
 - ``tune.spaces.<m>.model`` searches fields of that config; a tuned run has no
   ``overrides`` (which only train runs read: they would be silently ignored).
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.config import Params, RunTarget, Section
+from pipeline.config import Params, RunTarget, Section, Selection
 from pipeline.errors import ConfigError
 from pipeline.models.base import DataSizes
 
@@ -182,6 +183,33 @@ def _check_run(params: Params, where: str, target: RunTarget, known: list[str]) 
             f"{target.model} is a {task} model but {corpus} only yields {tasks}: add "
             f"{task} to tokenize.corpora.{corpus}.tasks or pick a model of those tasks",
         )
+    _check_selection(params, where, target, task)
+
+
+def _check_selection(params: Params, where: str, target: RunTarget, task: str) -> None:
+    """``select_by: multiwoz_score`` decodes responses and scores them against MultiWOZ's
+    goals: a generate model on a task-oriented corpus only."""
+    from pipeline.data.corpora import corpus_spec
+
+    train, model, corpus = params.train, target.model, target.corpus.value
+    select = train.run(model, corpus, target.variant).select_by
+    if select != Selection.MULTIWOZ_SCORE:
+        return
+    if task == "generate" and corpus_spec(corpus).task_oriented:
+        return
+    run = train.runs.get(where.rsplit(".", 1)[-1])
+    if run is not None and "select_by" in run.overrides.model_fields_set:
+        source = f"{where}.overrides.select_by"
+    elif model in train.models and "select_by" in train.models[model].model_fields_set:
+        source = f"train.models.{model}.select_by"
+    else:
+        source = "train.defaults.select_by"
+    raise ConfigError(
+        source,
+        f"multiwoz_score scores MultiWOZ responses, but run {where.rsplit('.', 1)[-1]} is a "
+        f"{task} model on {corpus}: select it by valid_loss (set it per run under "
+        "train.runs.<run>.overrides)",
+    )
 
 
 def _check_model_overrides(params: Params) -> None:

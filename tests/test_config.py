@@ -292,3 +292,14 @@ def test_evaluate_corpora_replace_only_the_keys_they_set() -> None:
     assert ev.for_corpus("ptb").decodes_for("hier") == ev.decodes_for("hier")
     multiwoz = ev.for_corpus("multiwoz21")
     assert multiwoz.max_batches == 10 and [d.suffix for d in multiwoz.decodes_for("hier")] == [""]
+
+
+def test_selecting_on_the_multiwoz_score_needs_a_multiwoz_generate_run(tiny: dict) -> None:
+    err = _error(_with(tiny, "train.defaults.select_by", "multiwoz_score"))
+    assert err.key == "train.defaults.select_by"
+    assert "multiwoz_score scores MultiWOZ responses" in err.reason
+    assert "on chitchat: select it by valid_loss" in err.reason
+    run = "train.runs.transformer-chitchat.overrides.select_by"
+    assert _error(_with(tiny, run, "multiwoz_score")).key == run
+    err = _error(_with(tiny, "train.defaults.select_by", "bleu"))
+    assert err.key == "train.defaults.select_by" and "valid_loss" in err.reason

@@ -60,6 +60,32 @@ class Precision(enum.StrEnum):
     BF16 = "bf16"
 
 
+class Selection(enum.StrEnum):
+    """What picks a run's kept weights, counts its patience and ranks tune trials.
+
+    ``valid_loss``: the lowest validation loss. ``multiwoz_score``: the highest
+    ``BLEU + 0.5 * (Inform + Success)`` of greedy responses to the validation dialogues,
+    the HT-Encoder authors' criterion (``pipeline.eval.validation_score``).
+    """
+
+    VALID_LOSS = "valid_loss"
+    MULTIWOZ_SCORE = "multiwoz_score"
+
+    @property
+    def metric(self) -> str:
+        """The validation metric it reads, as the loop logs it."""
+        return "valid_loss" if self is Selection.VALID_LOSS else "valid_score"
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self is not Selection.VALID_LOSS
+
+    @property
+    def mode(self) -> str:
+        """Ray Tune's name for the direction (``min``/``max``)."""
+        return "max" if self.higher_is_better else "min"
+
+
 class RunParams(Section):
     """The knobs of one training run. ``train.defaults`` holds them all; ``train.models.<m>``
     and ``train.runs.<run>.overrides`` hold only the keys they change (merged in that order
@@ -87,7 +113,15 @@ class RunParams(Section):
     patience: int | None = Field(
         default=5, gt=0, description="evaluations without improvement before stopping"
     )
-    min_delta: float = Field(default=0.0, ge=0, description="smallest improvement that counts")
+    min_delta: float = Field(
+        default=0.0, ge=0, description="smallest improvement that counts (select_by's units)"
+    )
+    select_by: Selection = Field(
+        default=Selection.VALID_LOSS,
+        description="what picks the kept weights, patience and tune trials: valid_loss, "
+        "or multiwoz_score (BLEU + 0.5 (Inform + Success) of greedy validation responses; "
+        "MultiWOZ generate runs)",
+    )
     clip_norm: float | None = Field(default=1.0, gt=0, description="max gradient norm")
     optimizer: OptimizerParams = OptimizerParams()
     schedule: ScheduleParams = ScheduleParams()

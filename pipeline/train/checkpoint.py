@@ -32,7 +32,8 @@ class Progress:
     step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
-    best_loss: float = math.inf
+    best_loss: float = math.inf  # the validation loss of the kept weights
+    best_score: float = -math.inf  # their validation score, when the run selects on one
     best_step: int = 0
     bad_evals: int = 0
     last_eval_step: int = -1

@@ -16,11 +16,12 @@ from typing import Any
 from torch import nn
 
 from pipeline.artifacts import MANIFEST_FILE, TokenizeRecord
-from pipeline.config import RunParams
+from pipeline.config import CorpusParams, RunParams, Selection
 from pipeline.data.batch import Batch
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.splits import Split
 from pipeline.errors import ConfigError
+from pipeline.eval.validation_score import MultiWozValidationScore
 from pipeline.models import registry
 from pipeline.models.base import DataSizes, ModelConfig
 
@@ -126,6 +127,22 @@ def per_rank_batch(batch_size: int, world_size: int, key: str) -> int:
             f"train.scale.num_workers={world_size}",
         )
     return batch_size // world_size
+
+
+def validation_score(
+    params: RunParams, shards: Path, raw: Path, corpus: str, corpus_params: CorpusParams
+) -> MultiWozValidationScore | None:
+    """The score a run selects on (``params.select_by``); None when it is the loss."""
+    if params.select_by != Selection.MULTIWOZ_SCORE:
+        return None
+    return MultiWozValidationScore(
+        shards=str(shards.resolve()),
+        raw=str(raw.resolve()),
+        corpus=corpus,
+        corpus_params=corpus_params,
+        batch_size=params.eval_batch_size or params.batch_size,
+        max_batches=params.max_eval_batches or params.max_batches_per_epoch,
+    )
 
 
 def shard_data(root: Path, task: str, params: RunParams) -> ShardData:

@@ -4,10 +4,12 @@ The loop sees its environment through a :class:`WorkerContext` (rank, device, co
 checkpoint hand-off): ``LocalContext`` here runs in-process; ``distributed.RayContext`` and
 ``tune.TuneContext`` run under Ray Train / Ray Tune. Order of one optimizer step:
 forward (bf16 autocast on GPU) -> backward -> clip -> step -> schedule; then, when due,
-evaluate (loss and perplexity summed over every rank's slice of the validation split),
-checkpoint, and stop early when the validation loss has not improved for ``patience``
-evaluations. Nothing in a step waits for the device: batches are copied one ahead
-(:func:`to_device`) and the train metrics stay on the device until they are logged.
+evaluate (loss and perplexity summed over every rank's slice of the validation split, and
+a :class:`ValidationScore` when the job has one), checkpoint, and stop early when the
+selection metric (``RunParams.select_by``: the validation loss, or that score) has not
+improved for ``patience`` evaluations; the weights kept are those of its best evaluation.
+Nothing in a step waits for the device: batches are copied one ahead (:func:`to_device`)
+and the train metrics stay on the device until they are logged.
 
 Progress (rank 0, ``TrainJob.show_progress``): a bar over the run's steps on a terminal,
 a line every ``progress.REPORT_EVERY_S`` seconds and one per validation in a log
@@ -31,7 +33,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -122,6 +124,24 @@ class WorkerContext(Protocol):
         ...
 
 
+class ValidationScore(Protocol):
+    """A score of the model's outputs on the validation split (higher is better) that a
+    run may select its weights on instead of the loss; ``name`` is its metric's key
+    (``eval.validation_score.MultiWozValidationScore``)."""
+
+    name: str
+
+    def decode(
+        self, model: nn.Module, rank: int, world_size: int, device: torch.device
+    ) -> list[Any]:
+        """This rank's share of the outputs (the loop gathers every rank's)."""
+        ...
+
+    def score(self, outputs: list[Any]) -> dict[str, float]:
+        """The score (under ``name``) and its parts from every rank's outputs."""
+        ...
+
+
 @dataclass(frozen=True)
 class TrainJob:
     """Everything one training run needs; picklable, so Ray ships it to the workers.
@@ -129,7 +149,8 @@ class TrainJob:
     ``name`` identifies the run (the Ray run name; the local checkpoint folder under
     ``run_dir``). ``model_name`` is stored in checkpoints beside the config so a checkpoint
     rebuilds its model through the registry. ``label`` names the run in progress lines
-    (default ``train <name>``); ``show_progress: False`` prints none.
+    (default ``train <name>``); ``show_progress: False`` prints none. ``validation_score``
+    is evaluated with the loss when ``params.select_by`` reads it.
     """
 
     name: str
@@ -141,15 +162,17 @@ class TrainJob:
     sink: Callable[[], MetricSink | None] | None = None
     show_progress: bool = True
     label: str = ""
+    validation_score: ValidationScore | None = None
 
 
 @dataclass
 class EvalResult:
     loss: float
     n_tokens: int
+    scores: dict[str, float] = field(default_factory=dict)  # a ValidationScore's
 
     def metrics(self, task: Task) -> dict[str, float]:
-        out = {"valid_loss": self.loss}
+        out = {"valid_loss": self.loss, **self.scores}
         if task != Task.SELECT:
             out["valid_ppl"] = perplexity_of(self.loss)
         return out
@@ -213,6 +236,8 @@ class _Run:
         self.model = ctx.wrap_model(LossModule(self.raw))
         self.optimizer = make_optimizer(self.raw, self.p.optimizer)
         self.scheduler = make_scheduler(self.optimizer, self.p.schedule)
+        if self.p.select_by.higher_is_better and job.validation_score is None:
+            raise ValueError(f"select_by={self.p.select_by}: the job has no validation_score")
         self.train_data, self.valid_data = job.data(ctx.rank, ctx.world_size)
         self.progress = Progress()
         self.best_state: dict[str, Tensor] | None = None
@@ -324,22 +349,39 @@ class _Run:
         totals = self.ctx.all_reduce(totals)
         n = int(totals[1].item())
         loss = float(totals[0] / totals[1]) if n > 0 else math.inf
-        return EvalResult(loss, n)
+        scorer = self.job.validation_score
+        if scorer is None or not self.p.select_by.higher_is_better:
+            return EvalResult(loss, n)
+        mine = scorer.decode(self.raw, self.ctx.rank, self.ctx.world_size, self.ctx.device)
+        outputs = [row for part in self.ctx.gather(mine) for row in part]
+        return EvalResult(loss, n, scorer.score(outputs))
 
     def after_eval(self, result: EvalResult) -> None:
-        prog = self.progress
+        prog, select = self.progress, self.p.select_by
         prog.last_eval_step = prog.step
         self.last_eval = result.metrics(self.task)
-        improved = result.loss < prog.best_loss - self.p.min_delta
+        if select.higher_is_better:
+            score = self.last_eval[select.metric]
+            improved = score > prog.best_score + self.p.min_delta
+            shown = f"valid loss {result.loss:.4g}, {select.metric} {score:.4g}"
+            best_value = prog.best_score
+        else:
+            improved = result.loss < prog.best_loss - self.p.min_delta
+            shown = f"valid loss {result.loss:.4g}"
+            best_value = prog.best_loss
         if improved:
             prog.best_loss, prog.best_step, prog.bad_evals = result.loss, prog.step, 0
+            if select.higher_is_better:
+                prog.best_score = score
             if self.ctx.rank == 0:
                 self.best_state = cpu_state(self.raw.state_dict())
         else:
             prog.bad_evals += 1
-        best = "best" if improved else f"best {prog.best_loss:.4g} at step {prog.best_step}"
-        self.bar.note(f"step {prog.step}, valid loss {result.loss:.4g} ({best})")
+        best = "best" if improved else f"best {best_value:.4g} at step {prog.best_step}"
+        self.bar.note(f"step {prog.step}, {shown} ({best})")
         self.last_eval["best_valid_loss"] = prog.best_loss
+        if select.higher_is_better:
+            self.last_eval[f"best_{select.metric}"] = prog.best_score
         self.sink.log_metrics({**self.last_eval, "epoch": float(prog.epoch)}, prog.step)
         if self.p.patience is not None and prog.bad_evals >= self.p.patience:
             self.stop("early_stopping")
@@ -424,7 +466,9 @@ class _Run:
 
 
 def final_metrics(progress: Progress, task: Task | str) -> dict[str, float]:
-    """A run's outcome: best validation loss (and perplexity), where, and how long."""
+    """A run's outcome: the validation loss (and perplexity) of the kept weights (the
+    lowest, unless the run selects on a score: then ``best_valid_score`` too), where, and
+    how long."""
     out = {
         "best_valid_loss": progress.best_loss,
         "best_step": float(progress.best_step),
@@ -433,6 +477,8 @@ def final_metrics(progress: Progress, task: Task | str) -> dict[str, float]:
     }
     if Task(task) != Task.SELECT:
         out["best_valid_ppl"] = perplexity_of(progress.best_loss)
+    if math.isfinite(progress.best_score):
+        out["best_valid_score"] = progress.best_score
     return out
 
 

@@ -43,6 +43,7 @@ from pipeline.train.job import (
     per_rank_batch,
     run_name,
     shard_data,
+    validation_score,
 )
 from pipeline.train.loop import TrainJob
 from pipeline.train.tune import TrialSetup, search, search_exists
@@ -228,6 +229,9 @@ def train_run(
             sink=tracker.sink,
             show_progress=show_progress,
             label=f"train {key} (seed {plan.params.seed})",
+            validation_score=validation_score(
+                plan.params, shards, layout.raw(corpus), corpus, params.corpus(corpus)
+            ),
         )
         result = fit(job, scale, storage)
         if model_file is None:
@@ -369,6 +373,9 @@ def tune_run(
             model_name=model,
             model_factory=ConfiguredModel(plan.sizes, f"tune.spaces.{model}"),
             data=shard_data(shards, plan.task.value, plan.params),
+            validation_score=validation_score(
+                plan.params, shards, layout.raw(corpus), corpus, params.corpus(corpus)
+            ),
             base=plan.params,
             tune=tune_params,
             scale=scale,
@@ -391,7 +398,10 @@ def tune_run(
         # Ray's verdict: a trial it reports completed is FINISHED, one that errored (or
         # never reported) FAILED
         parent.end_children(result.trial_status, default="FAILED")
-        parent.log_metrics({"best_valid_loss": result.valid_loss}, step=0)
+        best_metrics = {"best_valid_loss": result.valid_loss}
+        if result.valid_score is not None:
+            best_metrics["best_valid_score"] = result.valid_score
+        parent.log_metrics(best_metrics, step=0)
         parent.log_dict(best.model_dump(mode="json"), BEST_FILE)
         parent.end()
     except BaseException:

@@ -31,10 +31,7 @@ from pipeline.errors import ConfigError
 from pipeline.tracking import TAG_TRIAL, NullTracker, RunRef, Tracker
 from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from pipeline.train.distributed import report_with_checkpoint, trainer
-from pipeline.train.loop import DataFactory, TrainJob, train_worker
-
-METRIC = "valid_loss"
-
+from pipeline.train.loop import DataFactory, TrainJob, ValidationScore, train_worker
 
 # --------------------------------------------------------------------------- space
 
@@ -150,6 +147,7 @@ class TrialSetup:
     storage: str
     parent: RunRef | None
     tags: dict[str, str] = field(default_factory=dict)
+    validation_score: ValidationScore | None = None  # when base.select_by reads one
 
 
 def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
@@ -177,7 +175,9 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
         # an invalid combination (e.g. heads not dividing the width): worst possible score
         tracker.set_tags({"hiertx.invalid_config": str(err)})
         tracker.end("FAILED")
-        tune.report({METRIC: math.inf, "invalid": 1.0})
+        select = setup.base.select_by
+        worst = -math.inf if select.higher_is_better else math.inf
+        tune.report({select.metric: worst, "invalid": 1.0})
         return
     job = TrainJob(
         name=f"trial-{trial_id}",
@@ -188,6 +188,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
         run_dir=setup.storage,
         sink=tracker.sink,
         show_progress=False,
+        validation_score=setup.validation_score,
     )
     try:
         if setup.scale.num_workers == 0:
@@ -218,11 +219,12 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
 @dataclass(frozen=True)
 class SearchResult:
     best: dict[str, Any]  # the best trial's sampled values ({"model":..., "optimizer":...})
-    valid_loss: float
+    valid_loss: float  # at the best trial's best evaluation (of select_by)
     trial_id: str
     n_trials: int
     n_errors: int
     trial_status: dict[str, str] = field(default_factory=dict)  # trial id -> MLflow status
+    valid_score: float | None = None  # likewise, when select_by is a score
 
     def record(self, model: str, corpus: str, search: str, parent_run_id: str | None) -> TuneRecord:
         """The stage's output record (``data/tune/<key>/best.json``)."""
@@ -234,6 +236,7 @@ class SearchResult:
             config=sampled_model(self.best),
             optimizer=self.best.get("optimizer", {}),
             valid_loss=self.valid_loss,
+            valid_score=self.valid_score,
             trial_id=self.trial_id,
             trials=self.n_trials,
             errored_trials=self.n_errors,
@@ -256,7 +259,7 @@ def search(
 
     from pipeline.train.tune_progress import TrialProgress, reporting
 
-    t = setup.tune
+    t, select = setup.tune, setup.base.select_by
     resources = (
         {"CPU": t.cpus_per_trial} if setup.scale.num_workers == 0 else {"CPU": 0.1}
     )  # a TorchTrainer trial only coordinates; its workers hold the resources
@@ -274,8 +277,8 @@ def search(
             trainable,
             param_space=space_dict,
             tune_config=tune.TuneConfig(
-                metric=METRIC,
-                mode="min",
+                metric=select.metric,
+                mode=select.mode,
                 search_alg=OptunaSearch(sampler=optuna.samplers.TPESampler(seed=t.seed)),
                 scheduler=ASHAScheduler(
                     time_attr="training_iteration",
@@ -291,24 +294,29 @@ def search(
                 name=name, storage_path=setup.storage, verbose=0, callbacks=[TrialProgress()]
             ),
         )
-    with reporting(label or f"tune {name}", t.trials, t.epochs_per_trial, show_progress):
+    label = label or f"tune {name}"
+    with reporting(label, t.trials, t.epochs_per_trial, select, show_progress):
         grid = tuner.fit()
-    best = grid.get_best_result(metric=METRIC, mode="min", scope="all", filter_nan_and_inf=True)
+    metric = select.metric
+    best = grid.get_best_result(
+        metric=metric, mode=select.mode, scope="all", filter_nan_and_inf=True
+    )
     if (
         best is None
         or best.metrics is None
-        or not math.isfinite(best.metrics.get(METRIC, math.inf))
+        or not math.isfinite(best.metrics.get(metric, math.nan))
     ):
-        raise RuntimeError(f"tune search {name}: no trial produced a finite {METRIC}")
+        raise RuntimeError(f"tune search {name}: no trial produced a finite {metric}")
+    # the best trial's best evaluation (scope "all"), not its last
+    at = best.metrics
     frame = best.metrics_dataframe
-    valid_loss = (
-        float(frame[METRIC].min())
-        if frame is not None and METRIC in frame
-        else best.metrics[METRIC]
-    )
+    if frame is not None and metric in frame and len(frame):
+        row = frame[metric].idxmax() if select.higher_is_better else frame[metric].idxmin()
+        at = frame.loc[row].to_dict()
     return SearchResult(
         best=dict(best.config),
-        valid_loss=valid_loss,
+        valid_loss=float(at["valid_loss"]),
+        valid_score=float(at[metric]) if select.higher_is_better else None,
         trial_id=str(best.metrics.get("trial_id", "")),
         n_trials=len(grid),
         n_errors=len(grid.errors),

@@ -1,11 +1,12 @@
 """Progress of a Ray Tune search: a line per finished trial, and the trials done of all.
 
-Each finished trial gets one line with its sampled values and its best validation loss
-(``tune hier-chitchat: trial 3/8 a1b2c3d4 finished after 1/1 epochs: valid loss 4.98
-(best so far); model.n_heads=2 model.dropout=0.243``); in a log a status line every
-``progress.REPORT_EVERY_S`` seconds says how many trials are done and running and the best
-loss so far; on a terminal a bar over the trials (``pipeline.progress``). This replaces Ray
-Tune's own reporter (``verbose=0``), whose tables take about 25 lines per trial in a log.
+Each finished trial gets one line with its sampled values and the best value of what the
+search selects on (``RunParams.select_by``: ``tune hier-chitchat: trial 3/8 a1b2c3d4
+finished after 1/1 epochs: valid loss 4.98 (best so far); model.n_heads=2
+model.dropout=0.243``); in a log a status line every ``progress.REPORT_EVERY_S`` seconds
+says how many trials are done and running and the best value so far; on a terminal a bar
+over the trials (``pipeline.progress``). This replaces Ray Tune's own reporter
+(``verbose=0``), whose tables take about 25 lines per trial in a log.
 
 Ray pickles a search's callbacks with the search and restores them when it resumes, so
 :class:`TrialProgress` holds no state: it reports to the search under way in this process,
@@ -22,28 +23,46 @@ from typing import Any
 
 from ray import tune
 
+from pipeline.config import Selection
 from pipeline.progress import Mode, Reporter
-
-METRIC = "valid_loss"
 
 
 @dataclass
 class _Search:
     bar: Reporter
     epochs: int
-    best: float = math.inf
+    select: Selection
+    best: float = math.nan
     synced: bool = False  # trials restored as finished counted (first loop step)
+
+    @property
+    def shown(self) -> str:
+        """What the lines call the value (``valid loss``, ``valid score``)."""
+        return self.select.metric.replace("_", " ")
+
+    def better(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if not math.isfinite(self.best):
+            return True
+        return value > self.best if self.select.higher_is_better else value < self.best
 
 
 _current: _Search | None = None
 
 
 @contextmanager
-def reporting(label: str, trials: int, epochs: int, show: bool | Mode = True) -> Iterator[None]:
+def reporting(
+    label: str,
+    trials: int,
+    epochs: int,
+    select: Selection = Selection.VALID_LOSS,
+    show: bool | Mode = True,
+) -> Iterator[None]:
     """Report the trials of the search run inside the block (``trials`` in all, each of
-    at most ``epochs`` epochs) through :class:`TrialProgress`."""
+    at most ``epochs`` epochs, ranked by ``select``) through :class:`TrialProgress`."""
     global _current
-    search = _Search(Reporter(label, trials, unit="trial", show=show), epochs)
+    search = _Search(Reporter(label, trials, unit="trial", show=show), epochs, select)
     with search.bar:
         _current = search
         try:
@@ -69,10 +88,11 @@ def _values(config: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 def trial_line(search: _Search, trial: Any, failed: bool, done: int) -> str:
-    """The line of one finished trial (module docstring); updates the best loss."""
+    """The line of one finished trial (module docstring); updates the best value."""
     result = trial.last_result or {}
-    analysis = (trial.metric_analysis or {}).get(METRIC, {})
-    loss = analysis.get("min", result.get(METRIC, math.nan))
+    metric = search.select.metric
+    analysis = (trial.metric_analysis or {}).get(metric, {})
+    value = analysis.get(search.select.mode, result.get(metric, math.nan))
     epochs = int(result.get("training_iteration", 0))
     total = search.bar.total or "?"
     head = f"trial {done}/{total} {trial.trial_id}"
@@ -84,11 +104,11 @@ def trial_line(search: _Search, trial: Any, failed: bool, done: int) -> str:
     if result.get("invalid"):
         return f"{head} skipped: an invalid configuration; {sampled}"
     how = "finished" if epochs >= search.epochs else "stopped early by ASHA"
-    if math.isfinite(loss) and loss < search.best:
-        search.best, mark = loss, "best so far"
+    if search.better(value):
+        search.best, mark = value, "best so far"
     else:
         mark = f"best {search.best:.4g}"
-    return f"{head} {how} {after}: valid loss {loss:.4g} ({mark}); {sampled}"
+    return f"{head} {how} {after}: {search.shown} {value:.4g} ({mark}); {sampled}"
 
 
 class TrialProgress(tune.Callback):
@@ -102,7 +122,7 @@ class TrialProgress(tune.Callback):
             search.synced = True
             search.bar.start_at(_finished(trials))
         running = sum(1 for t in trials if t.status == "RUNNING")
-        best = f", best valid loss {search.best:.4g}" if math.isfinite(search.best) else ""
+        best = f", best {search.shown} {search.best:.4g}" if math.isfinite(search.best) else ""
         search.bar.update(info=f"{running} running{best}")
         search.bar.tick()
 

@@ -109,3 +109,17 @@ class PoolFactory:
             PoolData(train, self.global_batch, rank, world, self.seed, shuffle=True),
             PoolData(valid, min(self.global_batch, self.n_valid), rank, world, self.seed, False),
         )
+
+
+@dataclass(frozen=True)
+class ParameterCountScore:
+    """A ``loop.ValidationScore`` that scores a model by its number of parameters: trials
+    of different sizes score differently, so a search's direction shows."""
+
+    name: str = "valid_score"
+
+    def decode(self, model: nn.Module, rank: int, world_size: int, device: torch.device):
+        return [sum(p.numel() for p in model.parameters())]
+
+    def score(self, outputs: list[int]) -> dict[str, float]:
+        return {"valid_score": float(sum(outputs))}

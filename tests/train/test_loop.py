@@ -126,6 +126,52 @@ def test_early_stopping_keeps_the_best_weights(tmp_path):
     assert state["best_model"]["w"] != state["model"]["w"]
 
 
+@dataclass
+class _ScriptedScore:
+    """A ``loop.ValidationScore`` whose evaluation ``i`` scores ``script[i]``."""
+
+    script: tuple[float, ...]
+    name: str = "valid_score"
+    evals: int = 0
+
+    def decode(self, model, rank, world_size, device) -> list[int]:
+        self.evals += 1
+        return [self.evals - 1]
+
+    def score(self, outputs: list[int]) -> dict[str, float]:
+        return {"valid_score": self.script[outputs[0]], "valid_part": 1.0}
+
+
+def test_selecting_on_a_score_keeps_the_best_scored_weights_not_the_lowest_loss(tmp_path):
+    job = replace(
+        make_job(tmp_path, patience=2, eval_every=2, epochs=50, select_by="multiwoz_score"),
+        model=_ScriptedFactory((5.0, 4.0, 3.0, 2.0, 1.0)),
+        data=PoolFactory(n_train=32, n_valid=4),
+        validation_score=_ScriptedScore((10.0, 30.0, 20.0, 30.0, 40.0)),
+    )
+    metrics = train_local(job)
+    # the loss falls at every evaluation; the score peaks at the 2nd (step 4), and the 3rd
+    # and 4th (equal is no improvement) use up the patience
+    assert metrics["best_valid_score"] == 30.0 and metrics["best_step"] == 4
+    assert metrics["best_valid_loss"] == 4.0  # the kept weights' loss, not the lowest (2.0)
+    assert metrics["steps"] == 8
+    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
+    assert state["progress"]["stop_reason"] == "early_stopping"
+    assert state["progress"]["best_score"] == 30.0
+    assert state["best_model"]["w"] != state["model"]["w"]
+    assert state["metrics"]["valid_score"] == 30.0 and state["metrics"]["valid_part"] == 1.0
+    # the loss alone picks the last evaluation of the same script
+    by_loss = replace(
+        job, params=RunParams.model_validate({**job.params.model_dump(), "select_by": "valid_loss"})
+    )
+    assert train_local(replace(by_loss, run_dir=str(tmp_path / "loss")))["best_step"] > 4
+
+
+def test_selecting_on_a_score_needs_one(tmp_path):
+    with pytest.raises(ValueError, match="the job has no validation_score"):
+        train_local(make_job(tmp_path, select_by="multiwoz_score"))
+
+
 def test_noam_and_linear_warmup_schedules():
     noam = ScheduleParams(kind=ScheduleKind.NOAM, warmup_steps=4)
     factors = [lr_factor(s, noam) for s in range(12)]

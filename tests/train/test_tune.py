@@ -158,6 +158,49 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
     assert [c.info.status for c in children] == ["FINISHED"] * 3
 
 
+@pytest.mark.slow
+def test_a_search_on_a_score_keeps_its_highest_trial(project, tmp_path):
+    """``select_by`` a score: Optuna and ASHA maximise it and the record holds the best
+    trial's (here a score that grows with the model: the widest trial must win)."""
+    from pipeline.config import ScaleParams
+    from pipeline.data.shards import read_manifest
+    from pipeline.models import registry
+    from pipeline.models.base import count_parameters
+    from pipeline.train.distributed import ray_cluster
+    from pipeline.train.job import ConfiguredModel, shard_data
+    from pipeline.train.tune import TrialSetup, search
+    from tests.train.conftest import TINY_TRANSFORMER
+    from tests.train.helpers import ParameterCountScore
+
+    shards = project / "data" / "shards" / "chitchat"
+    sizes = read_manifest(shards).data_sizes()
+    base = RunParams(
+        epochs=1, batch_size=16, max_batches_per_epoch=1, select_by="multiwoz_score",
+        model=TINY_TRANSFORMER,
+    )  # fmt: skip
+    setup = TrialSetup(
+        model_name="transformer",
+        model_factory=ConfiguredModel(sizes, "tune.spaces.transformer"),
+        data=shard_data(shards, "generate", base),
+        base=base,
+        tune=TuneParams(trials=6, epochs_per_trial=1, seed=3),
+        scale=ScaleParams(num_workers=0),
+        storage=str(tmp_path),
+        parent=None,
+        validation_score=ParameterCountScore(),
+    )
+    space = SearchSpace.model_validate(
+        {"model": {"d_ff": {"kind": "choice", "choices": [8, 64, 512]}}}
+    )
+    with ray_cluster():
+        result = search("score", setup, space, show_progress=False)
+    widest = registry.build("transformer", sizes, **{**TINY_TRANSFORMER, "d_ff": 512})
+    assert result.best["model"] == {"d_ff": 512}
+    assert result.valid_score == count_parameters(widest)
+    record = result.record("transformer", "chitchat", "score", None)
+    assert record.config == {"d_ff": 512} and record.valid_score == result.valid_score
+
+
 def test_trial_statuses_follow_what_ray_reports():
     from types import SimpleNamespace
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from pipeline import progress
+from pipeline.config import Selection
 from pipeline.train.tune_progress import TrialProgress, reporting
 
 
@@ -93,3 +94,23 @@ def test_no_progress_is_silent(clock, capsys):
         TrialProgress().on_step_end(iteration=1, trials=[t])
         TrialProgress().on_trial_complete(iteration=2, trials=[t], trial=t)
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_search_on_a_score_reports_its_highest(clock, capsys):
+    def scored(trial_id: str, scores: list[float]) -> object:
+        return SimpleNamespace(
+            trial_id=trial_id,
+            status="RUNNING",
+            config={"model": {"n_heads": 2}},
+            last_result={"valid_score": scores[-1], "training_iteration": len(scores)},
+            metric_analysis={"valid_score": {"max": max(scores), "min": min(scores)}},
+            error_file=None,
+        )
+
+    a, b = scored("a1", [40.0, 55.0, 50.0]), scored("b2", [45.0, 52.0, 53.0])
+    with reporting("tune hier-multiwoz", 2, 3, Selection.MULTIWOZ_SCORE):
+        TrialProgress().on_trial_complete(iteration=1, trials=[a, b], trial=a)
+        TrialProgress().on_trial_complete(iteration=2, trials=[a, b], trial=b)
+    lines = capsys.readouterr().err.splitlines()
+    assert "finished after 3/3 epochs: valid score 55 (best so far)" in lines[1]
+    assert "finished after 3/3 epochs: valid score 53 (best 55)" in lines[2]
