@@ -4,7 +4,8 @@
   ``layers.MultiHeadAttention`` (8 heads x 64, as the paper's Transformer), Luong-style:
   the decoder GRU's output attends the encoder states and ``tanh(W[h; ctx])`` predicts.
 - ``hred`` (Serban et al., 2016): utterance GRU -> context GRU over utterance encodings ->
-  GRU decoder conditioned on the context state (initial hidden state and every input).
+  GRU decoder conditioned on the context state (initial hidden state and, unless
+  ``condition_inputs=False``, every input).
 - ``vhred`` (Serban et al., 2017): HRED + a Gaussian latent per response (prior from the
   context, posterior from context + response), KL annealed linearly.
 - ``vhcr`` (Park et al., 2018): VHRED + a conversation latent inferred by a bidirectional
@@ -79,9 +80,13 @@ class S2SAConfig(RNNConfig):
 
 
 class HREDConfig(RNNConfig):
-    """HRED: ``d_context`` is the context GRU's width (256 in the paper)."""
+    """HRED: ``d_context`` is the context GRU's width (256 in the paper).
+    ``condition_inputs=False`` conditions the decoder through its initial state only, as
+    the U-Net authors' baselines do (text-machine-lab/HierarchicalTransformer,
+    ``model/models.py``: ``decoder(target, init_h=context2decoder(context))``)."""
 
     d_context: int = Field(default=256, ge=1)
+    condition_inputs: bool = True
 
 
 class VHREDConfig(HREDConfig):
@@ -181,15 +186,19 @@ class UtteranceEncoder(nn.Module):
 
 class ConditionedDecoder(nn.Module):
     """GRU decoder whose initial state is ``tanh(W cond)`` and whose every input is
-    ``[embedding; cond]`` (HRED's decoder conditioned on the context)."""
+    ``[embedding; cond]`` (HRED's decoder conditioned on the context), or the embedding
+    alone with ``condition_inputs=False``."""
 
-    def __init__(self, embed: nn.Embedding, config: RNNConfig, d_cond: int) -> None:
+    def __init__(
+        self, embed: nn.Embedding, config: RNNConfig, d_cond: int, condition_inputs: bool = True
+    ) -> None:
         super().__init__()
         self.embed = embed
         self.n_layers, self.d_hidden = config.n_layers, config.d_hidden
+        self.condition_inputs = condition_inputs
         self.init = nn.Linear(d_cond, config.n_layers * config.d_hidden)
         self.gru = nn.GRU(
-            config.d_embed + d_cond,
+            config.d_embed + (d_cond if condition_inputs else 0),
             config.d_hidden,
             config.n_layers,
             batch_first=True,
@@ -206,7 +215,9 @@ class ConditionedDecoder(nn.Module):
         self, tokens: Tensor, cond: Tensor, state: RNNState | None
     ) -> tuple[Tensor, RNNState]:
         state = self.init_state(cond) if state is None else state
-        x = torch.cat([self.embed(tokens), cond[:, None].expand(-1, tokens.shape[1], -1)], -1)
+        x = self.embed(tokens)
+        if self.condition_inputs:
+            x = torch.cat([x, cond[:, None].expand(-1, tokens.shape[1], -1)], -1)
         out, h = self.gru(self.dropout(x), state.hidden.transpose(0, 1).contiguous())
         return self.output(self.dropout(out)), RNNState(h.transpose(0, 1))
 
@@ -283,7 +294,9 @@ class HRED(Seq2SeqModel):
             batch_first=True,
             dropout=config.dropout if config.n_layers > 1 else 0.0,
         )
-        self.decoder = ConditionedDecoder(self.embed, config, self._cond_size())
+        self.decoder = ConditionedDecoder(
+            self.embed, config, self._cond_size(), config.condition_inputs
+        )
 
     def _context_extra(self) -> int:
         """Extra input width of the context GRU (VHCR feeds it the conversation latent)."""

@@ -166,6 +166,32 @@ def test_history_matters(name: str) -> None:
     assert not torch.allclose(a, b)
 
 
+@pytest.mark.parametrize("name", ["hred", "vhred", "vhcr"])
+def test_the_authors_decoder_reads_the_context_through_its_initial_state_only(name: str) -> None:
+    """``condition_inputs=False`` (the U-Net authors' baselines): the decoder GRU reads
+    embeddings alone; the history still decides the output, through the initial state."""
+    model = small(name, condition_inputs=False, bidirectional=False).eval()
+    assert model.decoder.gru.input_size == 16 and model.encoder.gru.bidirectional is False
+    assert small(name).decoder.gru.input_size > 16
+    batch = random_generate_batch(3, VOCAB, seed=5)
+    memory = model.encode(batch)
+    tokens = torch.randint(5, VOCAB, (3, 6))
+    full, _ = model.decode(tokens, memory)
+    state, steps = model.init_state(memory, 3), []
+    for t in range(6):
+        logits, state = model.decode(tokens[:, t : t + 1], memory, state)
+        steps.append(logits)
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+    shuffled = dataclasses.replace(batch, history=dataclasses.replace(
+        batch.history, input_ids=batch.history.input_ids.flip(0)))  # fmt: skip
+    other, _ = model.decode(tokens, model.encode(shuffled))
+    assert not torch.allclose(full, other)
+    with torch.no_grad():
+        assert torch.allclose(
+            model.loss(batch).nll_sum, model.loss(pad_columns(batch, 4, 2)).nll_sum, atol=1e-4
+        )
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_gradient_reaches_every_parameter(name: str) -> None:
     extra = {"utterance_drop": 0.5} if name == "vhcr" else {}
