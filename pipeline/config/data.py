@@ -118,11 +118,19 @@ class CorpusParams(Section):
         "seeded `split.valid` fraction of them held out for validation; the test split is "
         "the corpus's own (a machine without the training file; the report says so)",
     )
+    resplit_train: bool = Field(
+        default=False,
+        description="true: the corpus's training dialogues alone, split by `split` (seeded, "
+        "by dialogue), its own validation and test files unused: how the U-Net authors split "
+        "PersonaChat (its training file, 90/5/5)",
+    )
 
     @model_validator(mode="after")
     def _tasks(self) -> CorpusParams:
         if not self.tasks:
             raise ValueError("tasks: name at least one of generate, select, lm")
+        if self.resplit_train and self.train_on == "valid":
+            raise ValueError("resplit_train: splits the training dialogues; drop train_on: valid")
         return self
 
 

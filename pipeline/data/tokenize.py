@@ -62,12 +62,22 @@ def read_splits(
     )
     if corpus.train_on == Split.VALID:
         dialogues = _valid_as_train(dialogues, corpus.split)
+    elif corpus.resplit_train:
+        dialogues = _resplit_train(dialogues, corpus.split)
     by_split: dict[str, list[Dialogue]] = {s.value: [] for s in Split}
     for d in dialogues:
         part = by_split.setdefault(str(d.meta.get("split", Split.TRAIN)), [])
         if corpus.max_dialogues is None or len(part) < corpus.max_dialogues:
             part.append(d)
     return by_split
+
+
+def _resplit_train(dialogues: Iterable[Dialogue], split: SplitParams) -> list[Dialogue]:
+    """``resplit_train``: the corpus's training dialogues alone, assigned to train, valid
+    and test by ``split`` (seeded, by dialogue id)."""
+    kept = [d for d in dialogues if d.meta.get("split", Split.TRAIN) == Split.TRAIN]
+    assignment = assign_splits((d.id for d in kept), split)
+    return [replace(d, meta={**d.meta, "split": assignment[d.id].value}) for d in kept]
 
 
 def _valid_as_train(dialogues: Iterable[Dialogue], split: SplitParams) -> list[Dialogue]:

@@ -185,3 +185,32 @@ def test_train_on_valid_trains_on_validation_dialogues_and_tests_on_test(
     official = read_splits("multiwoz21", raw, tokenize_params("multiwoz21"), ParseStats())
     assert {d.id for d in official["valid"]} == ids["train"] | ids["valid"]
     assert {d.id for d in official["test"]} == ids["test"]
+
+
+def test_resplit_train_splits_the_training_file_alone_like_the_u_net_authors(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    """The U-Net authors split PersonaChat's training file 90/5/5 by conversation and use
+    none of its validation or test files: ``resplit_train`` with ``split`` does that."""
+    lines = (shared_data / "personachat" / "valid_self_original_no_cands.txt").read_text()
+    dialogues: list[list[str]] = []
+    for line in lines.splitlines():
+        if line.startswith("1 "):
+            dialogues.append([])
+        dialogues[-1].append(line)
+    for name, chosen in (("train", dialogues[:60]), ("valid", dialogues[60:70])):
+        text = "\n".join(line for d in chosen for line in d) + "\n"
+        (tmp_path / f"{name}_self_original_no_cands.txt").write_text(text)
+    split = {"seed": 13, "valid": 0.05, "test": 0.05}
+    params = tokenize_params("personachat", resplit_train=True, split=split)
+    by_split = read_splits("personachat", tmp_path, params, ParseStats())
+    ids = {part: [d.id for d in found] for part, found in by_split.items()}
+    assert (len(ids["train"]), len(ids["valid"]), len(ids["test"])) == (54, 3, 3)
+    official = read_splits("personachat", tmp_path, tokenize_params("personachat"), ParseStats())
+    assert sorted(ids["train"] + ids["valid"] + ids["test"]) == sorted(
+        d.id for d in official["train"]
+    )  # the training file's conversations, and none of the validation file's
+    again = read_splits("personachat", tmp_path, params, ParseStats())
+    assert [d.id for d in again["test"]] == ids["test"]  # seeded
+    with pytest.raises(ValueError, match="resplit_train: splits the training dialogues"):
+        tokenize_params("personachat", resplit_train=True, train_on="valid")
