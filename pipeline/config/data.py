@@ -77,9 +77,39 @@ class GenerateParams(Section):
 
 
 class SelectParams(Section):
+    """Candidates of select examples. ``resample_negatives`` and ``augment_min_utterances``
+    act on the training split only, when batches are read (``data/resample.py``): the
+    validation and test candidates are the ones tokenize stored."""
+
     n_candidates_train: int = Field(default=10, ge=2, description="1 positive + negatives")
     n_candidates_eval: int = Field(default=100, ge=2)
     max_candidate: int = Field(default=30, gt=0)
+    resample_negatives: bool = Field(
+        default=False,
+        description="training split: draw the negatives afresh every epoch (seeded by the "
+        "run's seed, the epoch and the example), by the rule tokenize draws them with, "
+        "instead of the fixed ones tokenize stored; a corpus with its own candidates "
+        "(DSTC7) then keeps all of them in the training shards and each epoch draws "
+        "n_candidates_train of them, as the HRT authors' code does every epoch",
+    )
+    augment_min_utterances: int | None = Field(
+        default=None,
+        ge=1,
+        description="training split, with resample_negatives: each epoch keep the first L "
+        "utterances of an example's context, L uniform in [min(this, n), n] (n: its "
+        "utterances), the utterance after them becoming the positive when L < n: the HRT "
+        "authors' context augmentation (DSTC7Dataset, their min_context_len, 4 there; "
+        "their released train.py turns it off); null: contexts as stored",
+    )
+
+    @model_validator(mode="after")
+    def _augment_needs_draws(self) -> SelectParams:
+        if self.augment_min_utterances is not None and not self.resample_negatives:
+            raise ValueError(
+                "augment_min_utterances draws a new positive each epoch: set "
+                "resample_negatives: true as well"
+            )
+        return self
 
 
 class LMParams(Section):

@@ -100,7 +100,8 @@ def build_select(
 
     Dialogues with their own candidates (DSTC7) give one example answering the turn after
     their last, labels from the corpus; on the training split they keep every correct
-    candidate and drawn incorrect ones, ``n_candidates_train`` in all. Otherwise every
+    candidate and drawn incorrect ones, ``n_candidates_train`` in all (all of them with
+    ``resample_negatives``: the loader draws the subset every epoch). Otherwise every
     response turn gives one: the true response and ``n - 1`` negatives drawn from responses
     of OTHER dialogues of the split (distinct texts, none equal to the truth), the truth
     at a drawn position; ``n`` is ``n_candidates_train`` on the training split and
@@ -193,11 +194,21 @@ def _sampled_candidates(
 
 
 def _negatives(
-    state: np.ndarray, text_of: np.ndarray, first: np.ndarray, count: np.ndarray, k: int
+    state: np.ndarray,
+    text_of: np.ndarray,
+    first: np.ndarray,
+    count: np.ndarray,
+    k: int,
+    truth: np.ndarray | None = None,
 ) -> np.ndarray | None:
     """``[E, k]`` pool indices: for example e, the first ``k`` of its draws 1, 2, ... that
     fall outside its own dialogue's block ``[first, first + count)`` and whose text is new
-    (not the truth's, not drawn before). None if some example cannot get ``k``."""
+    (not the truth's, not drawn before). None if some example cannot get ``k``.
+
+    ``truth``: each example's truth as a text id of ``text_of`` (-1: a text not in the
+    pool); None: example e's truth is pool row e (tokenize). The per-epoch draws of
+    ``resample.py`` pass it."""
+    truths = text_of[: len(state)] if truth is None else truth
     others = len(text_of) - count
     if (others <= 0).any():
         return None
@@ -217,7 +228,7 @@ def _negatives(
         new_in_rank[:, 1:] = ranked[:, 1:] != ranked[:, :-1]
         new = np.empty_like(new_in_rank)
         np.put_along_axis(new, order, new_in_rank, axis=1)
-        valid = new & (text != text_of[rows][:, None])  # example e's truth is pool row e
+        valid = new & (text != truths[rows][:, None])
         rank = np.cumsum(valid, axis=1)
         done = rank[:, -1] >= k
         take = valid & (rank <= k) & done[:, None]
@@ -246,7 +257,10 @@ def _own_candidates(
         responders.append(flat.code(i, named))
         marks = d.labels if d.labels is not None else np.zeros(len(d.candidates or ()), np.int8)
         keep = list(range(len(marks)))
-        if split == Split.TRAIN and len(keep) > params.n_candidates_train:
+        # With per-epoch draws the training shards keep every candidate: each epoch then
+        # draws its subset (resample.py), as the authors' DSTC7Dataset does.
+        subset = split == Split.TRAIN and not params.resample_negatives
+        if subset and len(keep) > params.n_candidates_train:
             state = _example_seed(seed, d.id, len(d.utterances))
             keep = _training_subset(marks, params.n_candidates_train, state)
         kept.append(keep)

@@ -29,6 +29,7 @@ from pipeline.data.records import (
     Rows,
     SelectExample,
 )
+from pipeline.data.resample import TrainingDraws
 from pipeline.data.shards import ShardTable, read_manifest
 from pipeline.data.vocab import Vocab
 from pipeline.errors import DataError
@@ -72,6 +73,10 @@ class ExampleDataset(Dataset):
     """The examples of one task and split (memory-mapped shards); ``ds[i]`` is an example.
 
     ``n_acts`` (MultiWOZ) is the width of the multi-hot act vectors :meth:`collate` builds.
+    ``draws``: the training select split of a corpus tokenized with
+    ``select.resample_negatives`` redraws its candidates (and, with augmentation, its
+    contexts) per (seed, epoch, row), as :meth:`set_epoch` last set; None elsewhere, the
+    examples then being exactly the stored ones.
     """
 
     def __init__(self, root: str | Path, task: Task | str, split: str) -> None:
@@ -79,6 +84,7 @@ class ExampleDataset(Dataset):
         self.task = self.table.task
         self.split = split
         self.n_acts = self.manifest.n_acts
+        self.draws = TrainingDraws.of(self.table, split)
 
     @property
     def manifest(self) -> TokenizeRecord:
@@ -88,7 +94,15 @@ class ExampleDataset(Dataset):
         return len(self.table)
 
     def __getitem__(self, index: int) -> Example:
-        return self.table[index]
+        example = self.table[index]
+        if self.draws is None:
+            return example
+        return self.draws(example, index % len(self))  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int, seed: int = 0) -> None:
+        """The epoch and run seed that per-epoch draws depend on (no-op without them)."""
+        if self.draws is not None:
+            self.draws.set_epoch(epoch, seed)
 
     def lengths(self) -> np.ndarray:
         """Per-example size used for length bucketing."""
@@ -363,10 +377,14 @@ class BatchLoader:
         self.pin_memory = pin_memory
         self.epoch = 0
         self._lengths = dataset.lengths() if bucket else np.zeros(len(dataset), dtype=np.int64)
+        self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for ``epoch`` (every rank must pass the same value)."""
+        """Reshuffle for ``epoch`` (every rank must pass the same value); a dataset with
+        per-epoch draws draws for (``seed``, ``epoch``) too."""
         self.epoch = epoch
+        if isinstance(self.dataset, ExampleDataset):
+            self.dataset.set_epoch(epoch, self.seed)
 
     def batches(self) -> list[list[int]]:
         """This rank's batches of the current epoch, as example indices."""

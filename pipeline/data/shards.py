@@ -334,6 +334,10 @@ class ShardTable(Sequence):
             self._blocks = blocks
         return self._blocks
 
+    def blocks(self) -> list[ExampleTable]:
+        """The rows as one table per record batch, in order (views into the files)."""
+        return list(self._open())
+
     def __getstate__(self) -> dict[str, Any]:
         # Memory maps do not cross process boundaries: a loader worker maps its own.
         return {**self.__dict__, "_blocks": None, "_starts": []}

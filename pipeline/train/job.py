@@ -19,6 +19,7 @@ from pipeline.artifacts import MANIFEST_FILE, TokenizeRecord
 from pipeline.config import CorpusParams, RunParams, Selection
 from pipeline.data.batch import Batch
 from pipeline.data.loader import BatchLoader, open_split
+from pipeline.data.resample import draws_key
 from pipeline.data.splits import Split
 from pipeline.errors import ConfigError
 from pipeline.eval.validation_score import MultiWozValidationScore
@@ -156,11 +157,13 @@ def shard_data(root: Path, task: str, params: RunParams) -> ShardData:
 
 
 def data_fingerprint(root: Path) -> str:
-    """What identifies a tokenized corpus folder's data (``TokenizeRecord.fingerprint``);
-    ``none`` for a folder not tokenized yet."""
+    """What identifies a tokenized corpus folder's data (``TokenizeRecord.fingerprint``,
+    plus the per-epoch draws' params when they are on: they change the training batches,
+    not the shards); ``none`` for a folder not tokenized yet."""
     if not (root / MANIFEST_FILE).is_file():
         return "none"
-    return TokenizeRecord.read(root / MANIFEST_FILE).fingerprint()
+    record = TokenizeRecord.read(root / MANIFEST_FILE)
+    return record.fingerprint() + draws_key(record)
 
 
 def params_hash(*parts: Any) -> str:
