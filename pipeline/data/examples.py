@@ -71,7 +71,7 @@ def _example_seed(seed: int, dialogue_id: str, turn: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
 
 
-def _draws(state: np.ndarray, counters: np.ndarray) -> np.ndarray:
+def counter_draws(state: np.ndarray, counters: np.ndarray) -> np.ndarray:
     """splitmix64 of ``state + counter * golden``: ``[E] x [M] -> [E, M]`` uint64.
 
     Draw number k of an example depends only on its seed and k, so the same draws come out
@@ -83,7 +83,7 @@ def _draws(state: np.ndarray, counters: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def _below(values: np.ndarray, n: np.ndarray | int) -> np.ndarray:
+def draws_below(values: np.ndarray, n: np.ndarray | int) -> np.ndarray:
     """Draws -> integers in ``[0, n)`` (int64; the modulo bias is below 2**-40)."""
     return (values % np.asarray(n, dtype=np.uint64)).astype(np.int64)
 
@@ -154,13 +154,13 @@ def _sampled_candidates(
         [_example_seed(seed, d, t) for d, t in zip(ids, turn.tolist(), strict=True)],
         dtype=np.uint64,
     )
-    negatives = _negatives(state, text_of, block_first, block_count, n - 1)
+    negatives = draw_negatives(state, text_of, block_first, block_count, n - 1)
     if negatives is None:
         raise ConfigError(
             key, f"could not draw {n - 1} distinct negatives from other dialogues for every "
             f"example of the {split} split; lower it",
         )  # fmt: skip
-    at = _below(_draws(state, np.zeros(1))[:, 0], n)  # draw 0 places the truth
+    at = draws_below(counter_draws(state, np.zeros(1))[:, 0], n)  # draw 0 places the truth
     column = np.arange(n)[None, :]
     shifted = np.clip(column - (column > at[:, None]), 0, n - 2)
     refs = np.where(
@@ -193,7 +193,7 @@ def _sampled_candidates(
     return ExampleTable(SelectExample, columns, len(pool))
 
 
-def _negatives(
+def draw_negatives(
     state: np.ndarray,
     text_of: np.ndarray,
     first: np.ndarray,
@@ -219,7 +219,7 @@ def _negatives(
     for width in (2 * k + 8, 8 * k + 64, 64 * k + 512):
         rows = todo
         counters = np.arange(1, width + 1)
-        j = _below(_draws(state[rows], counters), others[rows][:, None])
+        j = draws_below(counter_draws(state[rows], counters), others[rows][:, None])
         j += np.where(j >= first[rows][:, None], count[rows][:, None], 0)
         text = text_of[j]
         order = np.argsort(text, axis=1, kind="stable")
@@ -262,7 +262,7 @@ def _own_candidates(
         subset = split == Split.TRAIN and not params.resample_negatives
         if subset and len(keep) > params.n_candidates_train:
             state = _example_seed(seed, d.id, len(d.utterances))
-            keep = _training_subset(marks, params.n_candidates_train, state)
+            keep = training_subset(marks, params.n_candidates_train, state)
         kept.append(keep)
     limit = params.max_candidate
     pool = Packed.from_arrays(
@@ -300,13 +300,13 @@ def _own_candidates(
     return ExampleTable(SelectExample, columns, len(dialogues))
 
 
-def _training_subset(labels: np.ndarray, n: int, state: int) -> list[int]:
+def training_subset(labels: np.ndarray, n: int, state: int) -> list[int]:
     """Indices of every correct candidate plus drawn incorrect ones, ``n`` in all, in their
     original order (the paper trains on 1 positive + 9 negatives of the 100)."""
     correct = [int(i) for i in np.flatnonzero(labels)][:n]
     wrong = [int(i) for i in np.flatnonzero(labels == 0)]
     need = n - len(correct)
-    raw = _draws(np.array([state], dtype=np.uint64), np.arange(1, need + 1))[0]
+    raw = counter_draws(np.array([state], dtype=np.uint64), np.arange(1, need + 1))[0]
     for k in range(need):  # a partial Fisher-Yates shuffle
         j = k + int(raw[k] % np.uint64(len(wrong) - k))
         wrong[k], wrong[j] = wrong[j], wrong[k]

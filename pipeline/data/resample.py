@@ -24,9 +24,9 @@ Ours follows those rules with three differences, each for a reason:
 - draws are seeded by (the run's seed, the epoch, the example's row), where the authors'
   use Python's unseeded ``random``: a killed run resumes with exactly the same batches;
 - corpora without their own candidates draw from the split's response pool by the rule
-  tokenize uses (``examples._negatives``: responses of OTHER dialogues, distinct texts,
+  tokenize uses (``examples.draw_negatives``: responses of OTHER dialogues, distinct texts,
   none equal to the positive, the positive at a drawn position); DSTC7 draws from its own
-  candidates by tokenize's rule (``examples._training_subset``: every correct candidate
+  candidates by tokenize's rule (``examples.training_subset``: every correct candidate
   plus drawn incorrect ones), the training shards then keeping all of them;
 - augmentation cuts the context as stored (already limited to ``max_history`` tokens and
   ``max_utterances`` utterances); the new positive is cut like candidates
@@ -47,7 +47,7 @@ import numpy as np
 
 from pipeline.artifacts import TokenizeRecord
 from pipeline.config import SelectParams, Task
-from pipeline.data.examples import _below, _draws, _negatives, _training_subset
+from pipeline.data.examples import counter_draws, draw_negatives, draws_below, training_subset
 from pipeline.data.records import INT, Nested, Packed, Rows, SelectExample, lengths_to_offsets
 from pipeline.data.shards import ShardTable
 from pipeline.data.special import EOS_ID, SPEAKER_OTHER, SPEAKER_SELF
@@ -232,7 +232,7 @@ class TrainingDraws:
         if positive is None:
             keep = list(range(len(marks)))
             if len(keep) > n:
-                keep = _training_subset(marks, n, state)
+                keep = training_subset(marks, n, state)
             return [lo + k for k in keep], marks[keep].astype(np.int8)
         text = positive.tokens.tobytes()
         pool = candidates.pool
@@ -240,13 +240,13 @@ class TrainingDraws:
             lo + int(j) for j in np.flatnonzero(marks == 0) if pool[lo + int(j)].tobytes() != text
         ]
         need = min(n - 1, len(wrong))
-        chosen = _training_subset(np.zeros(len(wrong), np.int8), need, state) if need else []
+        chosen = training_subset(np.zeros(len(wrong), np.int8), need, state) if need else []
         return _with_positive([wrong[c] for c in chosen], state)
 
     def _sampled(
         self, pool: Packed, index: int, state: int, positive: _Positive | None
     ) -> tuple[list[int | None], np.ndarray]:
-        """Tokenize's rule (``_negatives``) with this epoch's draws; the positive (pool row
+        """Tokenize's rule (``draw_negatives``) with this epoch's draws; the positive (pool row
         ``index``, or the cut-out one) at a drawn position."""
         lay, n = self.layout(), self.params.n_candidates_train
         text_of = self._text_ids(pool)
@@ -254,7 +254,7 @@ class TrainingDraws:
             text_of[index] if positive is None else self._texts.get(positive.tokens.tobytes(), -1)
         )
         states = np.array([state], dtype=np.uint64)
-        negatives = _negatives(
+        negatives = draw_negatives(
             states,
             text_of,
             lay.first[index : index + 1],
@@ -270,7 +270,8 @@ class TrainingDraws:
             )
         rows: list[int | None] = [int(j) for j in negatives[0]]
         if positive is None:
-            at = int(_below(_draws(states, np.zeros(1))[:, 0], n)[0])  # draw 0, as tokenize
+            # draw 0 places the positive, as tokenize does
+            at = int(draws_below(counter_draws(states, np.zeros(1))[:, 0], n)[0])
             rows.insert(at, index)
             labels = np.zeros(n, dtype=np.int8)
             labels[at] = 1
@@ -290,7 +291,7 @@ class TrainingDraws:
         n_utt = int(utt[-1]) + 1
         low = min(m, n_utt)
         state = np.array([epoch_seed(self.seed, self.epoch, index, "context")], dtype=np.uint64)
-        keep = low + int(_below(_draws(state, np.zeros(1))[:, 0], n_utt - low + 1)[0])
+        keep = low + int(draws_below(counter_draws(state, np.zeros(1))[:, 0], n_utt - low + 1)[0])
         if keep >= n_utt:
             return {}, None
         cut, end = (int(x) for x in np.searchsorted(utt, [keep, keep + 1]))
@@ -321,7 +322,8 @@ class TrainingDraws:
 def _with_positive(negatives: list[int | None], state: int) -> tuple[list[int | None], np.ndarray]:
     """``negatives`` with the cut-out positive (None) inserted at a drawn position."""
     n = len(negatives) + 1
-    at = int(_below(_draws(np.array([state], dtype=np.uint64), np.zeros(1))[:, 0], n)[0])
+    first = counter_draws(np.array([state], dtype=np.uint64), np.zeros(1))[:, 0]
+    at = int(draws_below(first, n)[0])
     rows = [*negatives[:at], None, *negatives[at:]]
     labels = np.zeros(n, dtype=np.int8)
     labels[at] = 1
