@@ -12,6 +12,7 @@ and cross-references between sections, which need the model registry:
 - ``select_by: multiwoz_score`` only for generate models on a task-oriented corpus;
 - ``tune.spaces.<m>.model`` searches fields of that config; a tuned run has no
   ``overrides`` (which only train runs read: they would be silently ignored).
+- ``word_vectors`` (``train.defaults``, ``train.models.<m>``, run overrides) names a file.
 
 Every error is a ``ConfigError`` naming the dotted key and what to do. ``parse_params``
 calls :func:`check_params`, so every stage script and the ``check`` stage (the first stage
@@ -131,6 +132,30 @@ def check_params(params: Params) -> None:
     _check_model_overrides(params)
     _check_spaces(params)
     _check_download_skip(params)
+    _check_word_vectors(params)
+
+
+def _check_word_vectors(params: Params) -> None:
+    """Every ``word_vectors`` given (``train.defaults``, ``train.models.<m>``,
+    ``train.runs.<r>.overrides``) names an existing file; a relative path is from the
+    working folder, the project root where stages run."""
+    from pathlib import Path
+
+    train = params.train
+    places = [
+        ("train.defaults", train.defaults),
+        *((f"train.models.{m}", run) for m, run in train.models.items()),
+        *((f"train.runs.{r}.overrides", t.overrides) for r, t in train.runs.items()),
+    ]
+    for where, run in places:
+        path = run.word_vectors if "word_vectors" in run.model_fields_set else None
+        if path is not None and not Path(path).is_file():
+            origin = "" if Path(path).is_absolute() else f" (relative to {Path.cwd()})"
+            raise ConfigError(
+                f"{where}.word_vectors",
+                f"no such file {path!r}{origin}: point it at a FastText/word2vec .vec or "
+                ".vec.gz file, or remove the key to start from random embeddings",
+            )
 
 
 def _check_download_skip(params: Params) -> None:

@@ -139,6 +139,16 @@ class RunParams(Section):
     model: dict[str, Any] = Field(
         default_factory=dict, description="model config overrides (fields of its config)"
     )
+    word_vectors: str | None = Field(
+        default=None,
+        min_length=1,
+        description="pre-trained word vectors, a FastText/word2vec .vec text file (or "
+        ".vec.gz; a relative path is from the project root): a fresh run starts its token "
+        "embeddings from the rows of the vocabulary's words, rescaled to the embedding's "
+        "initial scale (pipeline.models.word_vectors); a resumed run keeps its checkpoint's. "
+        "Their dimension must be the model's embedding size (d_model, or d_embed). Train "
+        "runs only: tune trials start from random embeddings",
+    )
 
 
 def merge_params(base: Section, override: Section) -> Section:

@@ -254,3 +254,20 @@ def token_loss(logits: Tensor, targets: Tensor, mask: Tensor) -> LossOutput:
 def count_parameters(module: nn.Module) -> int:
     """Number of distinct trainable parameters (shared tensors counted once)."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def token_embeddings(model: nn.Module) -> list[nn.Embedding]:
+    """The embeddings of ``model``'s vocabulary (its word embeddings, where pre-trained
+    vectors go: ``models.word_vectors``): every ``layers.TokenEmbedding``, and every plain
+    ``nn.Embedding`` with ``config.vocab_size`` rows (the RNN baselines'), each weight once,
+    in module order. One for most models; one per wrapped model of an ensemble, one per
+    decoder of ``hier_joint``."""
+    from pipeline.models.layers import TokenEmbedding  # layers imports this module
+
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    found: dict[int, nn.Embedding] = {}
+    for module in model.modules():
+        plain = type(module) is nn.Embedding and module.num_embeddings == vocab_size
+        if isinstance(module, TokenEmbedding) or plain:
+            found.setdefault(id(module.weight), module)  # type: ignore[arg-type]
+    return list(found.values())

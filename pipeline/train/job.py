@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +24,29 @@ from pipeline.data.splits import Split
 from pipeline.errors import ConfigError
 from pipeline.eval.validation_score import MultiWozValidationScore
 from pipeline.models import registry
-from pipeline.models.base import DataSizes, ModelConfig
+from pipeline.models.base import DataSizes, ModelConfig, token_embeddings
+from pipeline.models.word_vectors import WordVectors, copy_into
 
 
 @dataclass(frozen=True)
 class RegistryModel:
-    """Builds registered model ``name`` from a validated config dict (``model_dump``)."""
+    """Builds registered model ``name`` from a validated config dict (``model_dump``).
+
+    ``word_vectors`` (a fresh run's, read once by the driver: ``run.train_run``) are
+    copied into the model's token embeddings right after it is built, so the first step
+    starts from them; a resumed run's checkpoint then overwrites every weight anyway."""
 
     name: str
     config: dict[str, Any]
+    word_vectors: WordVectors | None = field(default=None, compare=False, repr=False)
 
     def __call__(self) -> nn.Module:
         cfg = registry.spec(self.name).config_cls.model_validate(self.config)
-        return registry.build_from_config(self.name, cfg)
+        model = registry.build_from_config(self.name, cfg)
+        if self.word_vectors is not None:
+            for embedding in token_embeddings(model):
+                copy_into(embedding, self.word_vectors)
+        return model
 
 
 def model_config(

@@ -32,7 +32,8 @@ from pipeline.data.shards import read_manifest
 from pipeline.errors import ConfigError
 from pipeline.machine import code_version
 from pipeline.models import registry
-from pipeline.models.base import DataSizes
+from pipeline.models.base import DataSizes, token_embeddings
+from pipeline.models.word_vectors import DimensionError, WordVectors, read_word_vectors
 from pipeline.serving import ServingSpec
 from pipeline.train.distributed import fit, has_checkpoint, ray_cluster, storage_path
 from pipeline.train.job import (
@@ -206,9 +207,13 @@ def train_run(
         scale.num_workers,
         data_fingerprint(shards),
         *([variant] if variant else []),  # a variant never resumes another run's checkpoint
+        # another vectors file at the same path starts afresh (its size: stat, not a hash)
+        *([vectors_path(plan, layout).stat().st_size] if plan.params.word_vectors else []),
     )
     storage = storage_path(scale, layout.root)
     resumes = has_checkpoint(name, scale, storage)
+    # a resumed run's checkpoint holds the embeddings it started from: no second read
+    vectors = None if resumes else read_vectors(plan, layout)
     tracker = _start_tracker(params, plan, layout, name, "train", resumes)
     try:
         tracker.log_params(
@@ -219,10 +224,14 @@ def train_run(
                 "tuned": plan.tuned_from is not None,
             }
         )
+        if vectors is not None:
+            coverage = vectors.coverage.as_dict()
+            tracker.log_params({"word_vectors": coverage})
+            tracker.log_metrics({f"word_vectors_{k}": v for k, v in coverage.items()}, step=0)
         job = TrainJob(
             name=name,
             model_name=model,
-            model=RegistryModel(model, plan.config),
+            model=RegistryModel(model, plan.config, vectors),
             data=shard_data(shards, plan.task.value, plan.params),
             params=plan.params,
             run_dir=storage,
@@ -255,6 +264,48 @@ def train_run(
         tuned_from=plan.tuned_from.model_dump(mode="json") if plan.tuned_from else None,
         mlflow=mlflow,
     )
+
+
+def vectors_path(plan: Plan, layout: Layout) -> Path:
+    """The run's ``word_vectors`` file (a relative path is from the project root)."""
+    assert plan.params.word_vectors is not None
+    path = layout.root / plan.params.word_vectors  # an absolute path stays itself
+    if not path.is_file():  # params_check says so first, for paths from the working folder
+        raise ConfigError(f"train.models.{plan.model}.word_vectors", f"no such file {path}")
+    return path
+
+
+def read_vectors(plan: Plan, layout: Layout) -> WordVectors | None:
+    """The run's pre-trained word vectors for its corpus' vocabulary (None without
+    ``word_vectors``), read once here rather than by every worker. The model is built on
+    the meta device (no memory, no compute) to learn its token embeddings' size, so a
+    file of another dimension fails at its first line, naming the config field to set."""
+    if plan.params.word_vectors is None:
+        return None
+    import torch
+
+    key = f"train.models.{plan.model}"
+    with torch.device("meta"):
+        embeddings = token_embeddings(RegistryModel(plan.model, plan.config)())
+    if not embeddings:
+        raise ConfigError(
+            f"{key}.word_vectors",
+            f"{plan.model} has no token embedding to load word vectors into: unset it",
+        )
+    dims = sorted({e.embedding_dim for e in embeddings})
+    path = vectors_path(plan, layout)
+    try:
+        if len(dims) > 1:
+            raise ConfigError(
+                f"{key}.word_vectors",
+                f"{plan.model}'s token embeddings differ in size {dims}: one file cannot fill them",
+            )
+        vocab = load_vocab(layout.shards(plan.corpus))
+        return read_word_vectors(path, vocab.tokens, dims[0])
+    except DimensionError as err:
+        fields = [f for f in ("d_embed", "d_sentence", "d_model") if plan.config.get(f) == dims[0]]
+        where = f"{key}.model.{fields[0]}" if fields else f"{key}.word_vectors"
+        raise ConfigError(where, str(err)) from None
 
 
 def _export(state: dict[str, Any], metrics: dict[str, float], name: str, path: Path) -> Path:
