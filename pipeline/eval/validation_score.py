@@ -31,14 +31,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.config import CorpusParams, DecodeParams, TokenizeParams
+from pipeline.config import CorpusParams, DecodeParams, Selection, TokenizeParams
 from pipeline.data.loader import ExampleDataset, load_vocab, open_split
 from pipeline.data.splits import Split
 from pipeline.data.vocab import Vocab
 from pipeline.eval import text
 from pipeline.eval.multiwoz import MultiWozDB, combined_score
 
-SCORE = "valid_score"
+SCORE = Selection.MULTIWOZ_SCORE.metric  # the key the loop selects on
 
 # One decoded validation example: (``<dialogue id>#<turn>``, response, reference).
 Decoded = tuple[str, str, str]
@@ -56,8 +56,6 @@ class MultiWozValidationScore:
     corpus_params: CorpusParams
     batch_size: int
     max_batches: int | None = None
-
-    name: str = SCORE
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_data", "_dialogues")}

@@ -126,10 +126,8 @@ class WorkerContext(Protocol):
 
 class ValidationScore(Protocol):
     """A score of the model's outputs on the validation split (higher is better) that a
-    run may select its weights on instead of the loss; ``name`` is its metric's key
-    (``eval.validation_score.MultiWozValidationScore``)."""
-
-    name: str
+    run may select its weights on instead of the loss, reported under the key its
+    ``select_by`` reads (``Selection.metric``; ``eval.validation_score``)."""
 
     def decode(
         self, model: nn.Module, rank: int, world_size: int, device: torch.device
@@ -138,7 +136,7 @@ class ValidationScore(Protocol):
         ...
 
     def score(self, outputs: list[Any]) -> dict[str, float]:
-        """The score (under ``name``) and its parts from every rank's outputs."""
+        """The score and its parts from every rank's outputs."""
         ...
 
 

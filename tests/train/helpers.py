@@ -116,8 +116,6 @@ class ParameterCountScore:
     """A ``loop.ValidationScore`` that scores a model by its number of parameters: trials
     of different sizes score differently, so a search's direction shows."""
 
-    name: str = "valid_score"
-
     def decode(self, model: nn.Module, rank: int, world_size: int, device: torch.device):
         return [sum(p.numel() for p in model.parameters())]
 

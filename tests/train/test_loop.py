@@ -131,7 +131,6 @@ class _ScriptedScore:
     """A ``loop.ValidationScore`` whose evaluation ``i`` scores ``script[i]``."""
 
     script: tuple[float, ...]
-    name: str = "valid_score"
     evals: int = 0
 
     def decode(self, model, rank, world_size, device) -> list[int]:
