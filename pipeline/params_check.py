@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pipeline.config import Params, RunTarget, Section, Selection
+from pipeline.config import Params, RunTarget, Section, Selection, run_key
 from pipeline.errors import ConfigError
 from pipeline.models.base import DataSizes
 
@@ -222,7 +222,8 @@ def _check_selection(params: Params, where: str, target: RunTarget, task: str) -
         return
     if task == "generate" and corpus_spec(corpus).task_oriented:
         return
-    run = train.runs.get(where.rsplit(".", 1)[-1])
+    key = run_key(model, corpus, target.variant)
+    run = train.runs.get(key)
     if run is not None and "select_by" in run.overrides.model_fields_set:
         source = f"{where}.overrides.select_by"
     elif model in train.models and "select_by" in train.models[model].model_fields_set:
@@ -231,7 +232,7 @@ def _check_selection(params: Params, where: str, target: RunTarget, task: str) -
         source = "train.defaults.select_by"
     raise ConfigError(
         source,
-        f"multiwoz_score scores MultiWOZ responses, but run {where.rsplit('.', 1)[-1]} is a "
+        f"multiwoz_score scores MultiWOZ responses, but run {key} is a "
         f"{task} model on {corpus}: select it by valid_loss (set it per run under "
         "train.runs.<run>.overrides)",
     )

@@ -303,3 +303,17 @@ def test_selecting_on_the_multiwoz_score_needs_a_multiwoz_generate_run(tiny: dic
     assert _error(_with(tiny, run, "multiwoz_score")).key == run
     err = _error(_with(tiny, "train.defaults.select_by", "bleu"))
     assert err.key == "train.defaults.select_by" and "valid_loss" in err.reason
+
+
+def test_a_variant_selected_on_the_multiwoz_score_names_its_own_key(tiny: dict) -> None:
+    """A variant key may hold dots (``l1.5``): the error names the run's own overrides."""
+    raw = copy.deepcopy(tiny)
+    raw["train"]["runs"]["gpt-chitchat-l1.5"] = {
+        "model": "gpt",
+        "corpus": "chitchat",
+        "variant": "l1.5",
+        "overrides": {"select_by": "multiwoz_score"},
+    }
+    err = _error(raw)
+    assert err.key == "train.runs.gpt-chitchat-l1.5.overrides.select_by"
+    assert "run gpt-chitchat-l1.5 is a lm model" in err.reason

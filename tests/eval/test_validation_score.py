@@ -159,7 +159,7 @@ def test_a_run_selected_on_the_score_records_it(project, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_search_on_the_score_keeps_the_highest_scored_trial(project, tmp_path, capsys):
+def test_a_search_on_the_score_records_its_best_trials_score(project, tmp_path, capsys):
     from pipeline.train.run import tune_run
 
     root = tmp_path / "p"
