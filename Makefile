@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+# Stages `make repro` runs at a time (pipeline/repro.py); 1: a plain `dvc repro`.
+JOBS   ?= 1
 # DVC runs each stage's `python -m stages.<name>` with the first `python` on PATH: the
 # targets below put the venv first, so they work from a shell where it is not activated.
 IN_VENV := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
@@ -21,10 +23,18 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-repro: setup  ## the main job: dvc repro on the embedded chitchat corpus
+# params.yaml is checked first: a mistake DVC would report in its own words (a run key in
+# both train.runs and tune.runs: "Use dvc remove") gets the project's explanation.
+repro: setup  ## the main job: dvc repro on the embedded chitchat corpus (JOBS=4: 4 stages at a time)
+	$(IN_VENV) $(BIN)/python -m stages.check --out .dvc/tmp/check
+ifeq ($(JOBS),1)
 	$(IN_VENV) $(BIN)/dvc repro
+else
+	$(IN_VENV) $(BIN)/python -m pipeline.repro --jobs $(JOBS)
+endif
 
-test: setup  ## the whole test suite (slow tests included)
+test: setup  ## the layers' import contracts, then the whole test suite (slow tests included)
+	$(IN_VENV) PYTHONPATH=. $(BIN)/lint-imports
 	$(IN_VENV) $(BIN)/python -m pytest -q
 
 lint: setup

@@ -27,12 +27,11 @@ if __package__ in (None, ""):
 import torch
 
 from bench.common import interleaved, parser, setup, table
-from pipeline.config import load_params
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.shards import read_manifest
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
-from pipeline.train.job import model_config
+from pipeline.plan import RunRequest, load_checked
 
 
 def planned_steps(run, n_batches: int) -> int:
@@ -49,19 +48,17 @@ def planned_steps(run, n_batches: int) -> int:
 class Candidate:
     """One run's model, optimizer and batch stream; ``step()`` times one training step."""
 
-    def __init__(
-        self, key: str, model: str, corpus: str, params, shards: Path, variant: str | None = None
-    ) -> None:
-        run = params.train.run(model, corpus, variant)
+    def __init__(self, request: RunRequest, shards: Path) -> None:
+        run, model, corpus = request.knobs, request.model, request.corpus
         task = registry.spec(model).task
         record = read_manifest(shards / corpus)
-        config = model_config(model, record.data_sizes(), run.model)
+        config = registry.make_config(model, record.data_sizes(), **run.model)
         torch.manual_seed(run.seed)
-        self.key, self.run = key, run
+        self.key, self.run = request.key, run
         self.net = registry.build_from_config(model, config).train()
         self.n_params = count_parameters(self.net)
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=run.optimizer.lr)
-        dataset = open_split(shards / corpus, task.value, "train")
+        dataset = open_split(shards / corpus, task, "train")
         self.loader = BatchLoader(dataset, run.batch_size, shuffle=True, seed=run.seed)
         self.steps = planned_steps(run, len(self.loader)) * run.seeds
         self.batches = iter(self.loader)
@@ -84,20 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", nargs="*", default=None, help="only these run keys")
     args = p.parse_args(argv)
     env = setup(args)
-    params = load_params(args.params)
-    targets = {**params.train.runs, **params.tune.runs}
-    keys = args.runs or list(targets)
-    candidates = {
-        key: Candidate(
-            key,
-            targets[key].model,
-            targets[key].corpus.value,
-            params,
-            args.data,
-            targets[key].variant,
-        )
-        for key in keys
-    }
+    params = load_checked(args.params)
+    keys = args.runs or list(dict.fromkeys([*params.train.runs, *params.tune.runs]))
+    candidates = {key: Candidate(RunRequest.of(params, key), args.data) for key in keys}
 
     cases = {key: c.step for key, c in candidates.items()}
     samples = interleaved(cases, args.repeats, args.warmup)

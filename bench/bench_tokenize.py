@@ -31,8 +31,8 @@ import pyarrow as pa
 
 from bench.common import interleaved, parser, setup, table, timing_cells
 from pipeline.artifacts import TokenizeRecord
-from pipeline.config import GenerateParams, Task, load_params
-from pipeline.data import read_corpus
+from pipeline.config import GenerateParams, load_params
+from pipeline.data.corpora import read_corpus
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.encoding import encode_dialogues, vocab_texts
 from pipeline.data.examples import build_generate
@@ -40,6 +40,7 @@ from pipeline.data.shards import ShardTable, write_manifest, write_shards
 from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, UNK_ID
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.data.vocab import Vocab, build_vocab, word_tokenize
+from pipeline.names import Task
 
 REPO = Path(__file__).resolve().parents[1]
 

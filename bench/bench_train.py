@@ -245,6 +245,7 @@ class StepStamps:
     number and the time to ``path``, one JSON line per logged step."""
 
     path: str
+    recording = True  # ``MetricSink``: the loop computes and logs the training metrics
 
     def __call__(self) -> StepStamps:
         return self
@@ -259,8 +260,9 @@ class StepStamps:
 def ray_step_times(args, s: Sizes, workers: int, scratch: Path) -> tuple[list[float], int]:
     """Seconds between consecutive training steps of one Ray Train run (rank 0), and the
     torch thread count rank 0 ran with."""
-    from pipeline.config import RunParams, ScaleParams
+    from pipeline.config import PlacementParams, RunParams
     from pipeline.data.loader import load_vocab
+    from pipeline.names import Task
     from pipeline.train.distributed import fit
     from pipeline.train.job import RegistryModel, ShardData
     from pipeline.train.loop import TrainJob
@@ -290,20 +292,21 @@ def ray_step_times(args, s: Sizes, workers: int, scratch: Path) -> tuple[list[fl
         precision="fp32",
     )
     stamps = scratch / f"steps-{workers}.jsonl"
+    storage = str(scratch / f"runs-{workers}")  # the run's checkpoints (Ray's storage)
     job = TrainJob(
         name=f"bench-scaling-{workers}",
         model_name="transformer",
-        model=RegistryModel("transformer", config.model_dump(mode="json")),
+        model=RegistryModel("transformer", config),
         data=ShardData(
-            str(root.resolve()), "generate", args.batch_size, args.batch_size, args.seed
+            str(root.resolve()), Task.GENERATE, args.batch_size, args.batch_size, args.seed
         ),
         params=params,
-        run_dir=str(scratch / "runs"),
+        run_dir=storage,
         sink=StepStamps(str(stamps)),
         show_progress=False,
     )
-    scale = ScaleParams(num_workers=workers, use_gpu=False, cpus_per_worker=1)
-    fit(job, scale, str(scratch / f"ray-{workers}"))
+    placement = PlacementParams(use_gpu=False, cpus_per_worker=1)
+    fit(job, workers, placement, storage)
     lines = [json.loads(line) for line in stamps.read_text().splitlines()]
     times = [line["time"] for line in lines]
     return [b - a for a, b in itertools.pairwise(times)][args.warmup :], lines[0]["threads"]

@@ -4,7 +4,7 @@
     python -m pipeline chat --model-uri models:/hiertx-<model>-<corpus>/<version>
     python -m pipeline rank --run <key> --context "a|b|c" --candidates "x|y|z"
     python -m pipeline rank --run <key> --input file.json   # {"context": [..], "candidates": [..]}
-    python -m pipeline sync-mlflow [--to URI]   # fallback runs -> the server (tracking_sync)
+    python -m pipeline sync-mlflow [--to URI]   # fallback runs -> the server (tracking.sync)
     python -m pipeline score multiwoz --predictions FILE.json --data DIR   # (multiwoz_score)
 
 A run's model is the pyfunc registered in MLflow (the version its train manifest names),
@@ -29,10 +29,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from pipeline import tracking_sync
 from pipeline.artifacts import VOCAB_FILE, Layout, TrainRecord, read_train
 from pipeline.errors import ConfigError, DataError, HiertxError
 from pipeline.eval import multiwoz_score
+from pipeline.tracking import store, sync
 
 RESET = "/reset"
 EMPTY_REPLY = "(empty reply)"  # what chat prints for a response with no tokens
@@ -62,16 +62,8 @@ def _local_model(layout: Layout, record: TrainRecord, params_file: Path) -> Any:
     spec = ServingSpec(task=record.task)
     if params_file.is_file():
         params = load_params(params_file)
-        if corpus in {c.value for c in params.tokenize.corpora}:
-            c = params.corpus(corpus)
-            spec = ServingSpec(
-                task=record.task,
-                max_history=c.generate.max_history,
-                max_utterances=c.generate.max_utterances,
-                max_response=c.generate.max_response,
-                max_candidate=c.select.max_candidate,
-                max_sentence=c.lm.max_sentence,
-            )
+        if corpus in params.tokenize.corpora:
+            spec = ServingSpec.of(record.task, params.corpus(corpus))
     model = HiertxModel()
     with tempfile.TemporaryDirectory() as tmp:
         spec_file = Path(tmp) / "serving.json"
@@ -85,12 +77,10 @@ def _mlflow_model(uri: str, tracking_uri: str | None = None) -> Any:
     without a signature)."""
     import mlflow
 
-    from pipeline import tracking
-
-    tracking.configure_env()
+    store.configure_env()
     if tracking_uri:
         mlflow.set_tracking_uri(tracking_uri)
-        tracking_sync.follow_move(tracking_uri)  # a moved project's store: models beside it
+        store.follow_move(tracking_uri)  # a moved project's store: models beside it
     try:
         return mlflow.pyfunc.load_model(uri).unwrap_python_model()
     except Exception as err:  # mlflow raises many types for a missing model or store
@@ -109,9 +99,7 @@ def load(args: argparse.Namespace) -> Any:
     info = record.seeds[0].mlflow
     if not args.local and info and info.registered_model and info.model_version:
         uri = f"models:/{info.registered_model}/{info.model_version}"
-        from pipeline import tracking
-
-        return _mlflow_model(uri, tracking.resolve_uri(info.tracking_uri, root))
+        return _mlflow_model(uri, store.resolve_uri(info.tracking_uri, root))
     return _local_model(layout, record, Path(args.params))
 
 
@@ -231,7 +219,7 @@ def parser() -> argparse.ArgumentParser:
     rank_args.add_argument("--context", default="", help='utterances, oldest first: "a|b|c"')
     rank_args.add_argument("--candidates", default="", help='"x|y|z"')
     rank_args.add_argument("--input", help='JSON file {"context": [..], "candidates": [..]}')
-    tracking_sync.add_parser(commands)
+    sync.add_parser(commands)
     multiwoz_score.add_parser(commands)
     return top
 
@@ -239,8 +227,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        if args.command == tracking_sync.COMMAND:
-            return tracking_sync.run_command(args)
+        if args.command == sync.COMMAND:
+            return sync.run_command(args)
         if args.command == multiwoz_score.COMMAND:
             return multiwoz_score.run_command(args)
         return chat(args) if args.command == "chat" else rank(args)

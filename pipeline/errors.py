@@ -1,5 +1,7 @@
 """Errors users see: each says what is wrong and, where it can, what to do."""
 
+from __future__ import annotations
+
 
 class HiertxError(Exception):
     """Base class of every error hiertx raises on purpose."""
@@ -16,6 +18,19 @@ class ConfigError(HiertxError, ValueError):
         self.reason = reason
         super().__init__(f"{key}: {reason}")
 
+    def under(self, prefix: str, replacing: str = "") -> ConfigError:
+        """This error seen from ``prefix``, the section that holds its key, in place of the
+        key's leading ``replacing`` part: model ``hier``'s ``hier.d_model`` is
+        ``train.models.hier.model.d_model`` in params (``under("train.models.hier.model",
+        replacing="hier")``)."""
+        key = self.key
+        if replacing and (key == replacing or key.startswith(f"{replacing}.")):
+            key = key[len(replacing) :].lstrip(".")
+        return ConfigError(".".join(part for part in (prefix, key) if part), self.reason)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # crosses process boundaries (Ray)
+        return type(self), (self.key, self.reason)
+
 
 class DataError(HiertxError):
     """An input file is malformed; the message names the file and, where known, the line."""
@@ -27,6 +42,14 @@ class DataError(HiertxError):
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {reason}")
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, int | None]]:  # crosses processes
+        return type(self), (self.path, self.reason, self.line)
+
 
 class DownloadError(HiertxError):
     """A corpus could not be fetched or verified."""
+
+
+class TrainingDiverged(HiertxError):
+    """A training's loss or weights went non-finite: the message names the run, the step and
+    the knobs to look at."""

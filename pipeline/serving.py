@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,15 +33,18 @@ import pandas as pd
 import torch
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
-from pipeline.config import GenerateParams, Task
+from pipeline.config import CorpusParams, GenerateParams
 from pipeline.data.batch import GenerateBatch, History, LMBatch, SelectBatch
 from pipeline.data.history import text_histories
 from pipeline.data.loader import collate_history
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.data.vocab import Vocab
 from pipeline.eval.perplexity import perplexity_of
+from pipeline.models.saved import load_model
+from pipeline.names import Task
 
 SPEC_FILE = "serving.json"
+_GLOBAL_URI = threading.Lock()  # mlflow's tracking URI is process-global (log_pyfunc)
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -53,6 +58,18 @@ class ServingSpec:
     max_response: int = 30
     max_candidate: int = 30
     max_sentence: int | None = 50
+
+    @classmethod
+    def of(cls, task: Task | str, corpus: CorpusParams) -> ServingSpec:
+        """The spec of a model of ``task`` trained on a corpus tokenized with ``corpus``."""
+        return cls(
+            task=str(task),
+            max_history=corpus.generate.max_history,
+            max_utterances=corpus.generate.max_utterances,
+            max_response=corpus.generate.max_response,
+            max_candidate=corpus.select.max_candidate,
+            max_sentence=corpus.lm.max_sentence,
+        )
 
 
 # --------------------------------------------------------------------------- text -> batch
@@ -183,8 +200,6 @@ class HiertxModel(mlflow.pyfunc.PythonModel):
         )
 
     def load(self, checkpoint: str | Path, vocab: str | Path, spec: str | Path) -> None:
-        from pipeline.artifacts import load_model
-
         self.model = load_model(Path(checkpoint))
         self.vocab = Vocab.load(vocab)
         self.spec = ServingSpec(**json.loads(Path(spec).read_text()))
@@ -311,19 +326,20 @@ def log_pyfunc(
     name: str = "model",
 ) -> str | None:
     """Log the pyfunc into run ``run_id`` of store ``uri`` (and register a new version of
-    ``registered_name``). Returns the registered version, or ``None``."""
-    import tempfile
+    ``registered_name``). Returns the registered version, or ``None``.
 
-    # mlflow.pyfunc.log_model only uses the global URI. Restore exactly what was there:
-    # `get_tracking_uri()` would return the env var's value and, set back, pin it for the
-    # rest of the process even after the variable changes.
-    previous_uri = tracking_utils._tracking_uri
-    previous_env = os.environ.get(tracking_utils.MLFLOW_TRACKING_URI.name)
-    mlflow.set_tracking_uri(uri)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            spec_path = Path(tmp) / SPEC_FILE
-            spec_path.write_text(json.dumps(asdict(spec)))
+    ``mlflow.pyfunc.log_model`` only uses the process-global tracking URI: it is set for
+    the call and restored exactly as it was (``get_tracking_uri()`` would return the env
+    var's value and, set back, pin it for the rest of the process even after the variable
+    changes), one call at a time (seeds trained at once log from threads of one process).
+    """
+    with _GLOBAL_URI, tempfile.TemporaryDirectory() as tmp:
+        spec_path = Path(tmp) / SPEC_FILE
+        spec_path.write_text(json.dumps(asdict(spec)))
+        previous_uri = tracking_utils._tracking_uri
+        previous_env = os.environ.get(tracking_utils.MLFLOW_TRACKING_URI.name)
+        mlflow.set_tracking_uri(uri)
+        try:
             with mlflow.start_run(run_id=run_id):
                 info = mlflow.pyfunc.log_model(
                     name=name,
@@ -339,9 +355,9 @@ def log_pyfunc(
                     input_example=input_example(spec),
                     registered_model_name=registered_name,
                 )
-        version = info.registered_model_version
-        return None if version is None else str(version)
-    finally:
-        mlflow.set_tracking_uri(previous_uri)  # type: ignore[arg-type]  # None unsets it
-        if previous_env is not None:
-            os.environ[tracking_utils.MLFLOW_TRACKING_URI.name] = previous_env
+        finally:
+            mlflow.set_tracking_uri(previous_uri)  # type: ignore[arg-type]  # None unsets it
+            if previous_env is not None:
+                os.environ[tracking_utils.MLFLOW_TRACKING_URI.name] = previous_env
+    version = info.registered_model_version
+    return None if version is None else str(version)

@@ -2,7 +2,7 @@
 
 Each ``stages/<name>.py`` exposes ``select_params(params, item)``, the only slice of
 ``params.yaml`` the stage passes on; it must equal the stage's ``params:`` list in dvc.yaml
-(tests/test_dvc.py), except :data:`RECORDING_PARAMS`, which stages read but do not declare.
+(tests/test_dvc.py), except :data:`UNDECLARED_PARAMS`, which stages read but do not declare.
 
 Importing this package is the first thing ``python -m stages.<name>`` does, and it makes
 sure the stage runs in an interpreter where hiertx is installed. DVC runs a stage's
@@ -25,10 +25,11 @@ import re
 import sys
 from pathlib import Path
 
-# Settings that change where results are recorded (MLflow), not what they are: the
-# train, tune, evaluate and report stages read them but do not list them under
-# ``params:`` in dvc.yaml, so changing e.g. ``tracking.log_model`` re-runs nothing.
-RECORDING_PARAMS = ("tracking",)
+# Settings that change where results are recorded (MLflow) or computed (which CPUs and
+# GPUs, where checkpoints go), not what they are: the stages read them but do not list them
+# under ``params:`` in dvc.yaml, so changing ``tracking.log_model`` or moving runs to GPUs
+# (``train.placement``) re-runs nothing.
+UNDECLARED_PARAMS = ("tracking", "train.placement")
 
 DISTRIBUTION = "hiertx"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

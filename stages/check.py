@@ -1,26 +1,28 @@
 """Stage ``check``: validate the whole ``params.yaml`` before any other stage computes.
 
-    python -m stages.check [--params params.yaml] [--out data/params.checked]
+    python -m stages.check [--params params.yaml] [--out data/sources]
 
 The first stage of ``dvc repro``: it depends on ``params.yaml`` as a file, so it re-runs on
 any change to it (a misspelled top-level key such as ``trainn:`` included, which no other
-stage reads), and every ``download@`` stage depends on its output. That output is a
-constant text: a valid change leaves it as it was, so it invalidates nothing downstream.
-Every check is ``pipeline.config.load_params`` (names and cross-references:
-``pipeline.params_check``), which each stage script also runs on its own.
+stage reads). Every check is ``pipeline.plan.load_checked`` (each section's own keys, then
+names and cross-references: ``pipeline.plan.check``), which each stage script also runs on
+its own. Its output is one :class:`~pipeline.artifacts.SourceDeclaration` per corpus of
+``corpora:`` (``data/sources/<corpus>.json``), the one input each download stage takes from
+params: a declaration that did not change is written byte for byte as before, so a valid
+change to ``params.yaml`` re-runs no download, and a changed source re-runs its corpus's.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
-from pipeline.config import Params, load_params
+from pipeline.artifacts import SourceDeclaration
+from pipeline.config import Params
 from pipeline.errors import HiertxError
-
-# The output's content must not depend on the params (module docstring).
-CHECKED = "params.yaml passed pipeline.config.load_params\n"
+from pipeline.plan import load_checked
 
 
 def select_params(params: Params, key: None = None) -> Params:
@@ -30,20 +32,24 @@ def select_params(params: Params, key: None = None) -> Params:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", default="data/params.checked")
+    parser = argparse.ArgumentParser(
+        prog="python -m stages.check",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--params", default="params.yaml", help="the params file to check")
+    parser.add_argument("--out", default="data/sources", help="where the declarations go")
     args = parser.parse_args(argv)
     try:
-        select_params(load_params(args.params))
+        params = select_params(load_checked(args.params))
     except HiertxError as err:
         print(f"check {args.params}: {err}", file=sys.stderr)
         return 1
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(CHECKED)
-    tmp.replace(out)  # a new file, never a write into a (possibly cache-linked) output
+    shutil.rmtree(out, ignore_errors=True)  # a corpus taken out of corpora: leaves nothing
+    for corpus in params.corpora:
+        source = params.corpus(corpus).source
+        SourceDeclaration(corpus=corpus, source=source).write(out / f"{corpus}.json")
     print(f"{args.params}: every key, model and corpus name checked -> {out}")
     return 0
 

@@ -2,36 +2,46 @@
 
     python -m stages.download <corpus> [--params params.yaml] [--out data/raw]
 
-A mirror folder (``download.mirror`` in params.yaml, or ``$HIERTX_MIRROR``) stands in
-for the internet.
+A built-in corpus's files come from the URLs its spec pins (``pipeline.data.corpora``); a
+corpus of one's own from the source the check stage recorded
+(``data/sources/<corpus>.json``; ``pipeline.data.declared``: local files are linked, URLs
+fetched). A mirror folder (``download.mirror`` in params.yaml, or ``$HIERTX_MIRROR``)
+stands in for the internet.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from pipeline.artifacts import SOURCES_FILE, DownloadRecord
-from pipeline.config import DownloadParams, Params, load_params
-from pipeline.data.corpora import CORPORA
+from pipeline.artifacts import SOURCES_FILE, DownloadRecord, Layout, SourceDeclaration
+from pipeline.config import DownloadParams, Params
 from pipeline.data.download import download_corpus
 from pipeline.errors import HiertxError
+from pipeline.plan import load_checked
 
 
 def select_params(params: Params, corpus: str) -> DownloadParams:
-    """The part of params.yaml this stage reads (``params:`` of ``download`` in dvc.yaml)."""
+    """The part of params.yaml this stage reads (``params:`` of ``download`` in dvc.yaml);
+    the corpus's source comes from the check stage's record, its other dependency."""
     return params.download
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpus", choices=sorted(CORPORA))
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--out", default="data/raw")
+    parser = argparse.ArgumentParser(
+        prog="python -m stages.download",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("corpus", help="a name in corpora: of params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="the params file")
+    parser.add_argument("--out", default="data/raw", help="folder to write <corpus>/ into")
     args = parser.parse_args(argv)
     try:
-        params = select_params(load_params(args.params), args.corpus)
-        folder = download_corpus(args.corpus, args.out, params)
+        params = select_params(load_checked(args.params), args.corpus)
+        declaration = SourceDeclaration.read(Layout(Path(".")).declaration(args.corpus))
+        folder = download_corpus(args.corpus, args.out, params, source=declaration.source)
     except HiertxError as err:
         print(f"download {args.corpus}: {err}", file=sys.stderr)
         return 1

@@ -16,18 +16,19 @@ import sys
 from pathlib import Path
 
 from pipeline.artifacts import Layout
-from pipeline.config import Params, load_params, parse_run_key
+from pipeline.config import Params, parse_run_key
 from pipeline.errors import ConfigError, HiertxError
-from pipeline.eval.evaluate import EvalSettings, evaluate_run
+from pipeline.eval.stage import EvalSettings, evaluate_run
+from pipeline.plan import load_checked
 
 
 def select_params(params: Params, key: str) -> EvalSettings:
     """What this stage reads (``params:`` of ``evaluate`` in dvc.yaml): ``evaluate`` and
     the corpus' tokenize settings; and ``tracking``, which only says where the metrics are
-    also logged (``stages.RECORDING_PARAMS``). ``key`` is ``<model>-<corpus>[-<variant>]``."""
+    also logged (``stages.UNDECLARED_PARAMS``). ``key`` is ``<model>-<corpus>[-<variant>]``."""
     _, corpus, _ = parse_run_key(key)
     if corpus not in params.tokenize.corpora:
-        raise ConfigError("tokenize.corpora", f"no entry for {corpus.value}")
+        raise ConfigError("tokenize.corpora", f"no entry for {corpus}")
     return EvalSettings(
         evaluate=params.evaluate.for_corpus(corpus),
         corpus=params.tokenize.corpora[corpus],
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     key = args.run
     try:
         model, corpus, variant = parse_run_key(key)
-        settings = select_params(load_params(args.params), key)
+        settings = select_params(load_checked(args.params), key)
         metrics = evaluate_run(
             settings, model, corpus, progress=not args.no_progress, variant=variant
         )

@@ -19,9 +19,9 @@ from pipeline.config import (
     TokenizeParams,
     TrainParams,
     TuneParams,
-    load_params,
 )
 from pipeline.errors import HiertxError
+from pipeline.plan import load_checked
 from pipeline.report.build import build_report
 
 
@@ -29,7 +29,7 @@ def select_params(params: Params, key: None = None) -> Params:
     """What this stage reads (``params:`` of ``report`` in dvc.yaml): the runs and the
     training knobs they merge (the results document states each run's batch), the corpora
     and their tokenize settings and the bootstrap size; and ``tracking``, which only says
-    where the report is also logged (``stages.RECORDING_PARAMS``); and ``report``, where
+    where the report is also logged (``stages.UNDECLARED_PARAMS``); and ``report``, where
     it also writes the committed results document."""
     return Params.model_construct(
         corpora=params.corpora,
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="params.yaml")
     args = parser.parse_args(argv)
     try:
-        report = build_report(select_params(load_params(args.params)), ".")
+        report = build_report(select_params(load_checked(args.params)), ".")
     except HiertxError as err:
         print(f"report: {err}", file=sys.stderr)
         return 1

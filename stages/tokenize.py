@@ -13,27 +13,33 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.config import CorpusName, Params, TokenizeParams, load_params
+from pipeline.config import Params, TokenizeParams
 from pipeline.data.splits import Split
 from pipeline.data.tokenize import tokenize_corpus
-from pipeline.errors import HiertxError
+from pipeline.errors import ConfigError, HiertxError
+from pipeline.plan import load_checked
 
 
-def select_params(params: Params, corpus: str) -> tuple[Any, Any, Any]:
+def select_params(params: Params, corpus: str) -> TokenizeParams:
     """The part of params.yaml this stage reads (``params:`` of ``tokenize`` in dvc.yaml):
-    ``(on_error, shard_rows, corpora[corpus])``."""
+    ``on_error``, ``shard_rows`` and the corpus's own settings."""
     section = params.tokenize
-    return section.on_error, section.shard_rows, section.corpora[CorpusName(corpus)]
+    if corpus not in section.corpora:
+        raise ConfigError(f"tokenize.corpora.{corpus}", "no settings for this corpus")
+    return TokenizeParams(
+        on_error=section.on_error,
+        shard_rows=section.shard_rows,
+        corpora={corpus: section.corpora[corpus]},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("corpus", choices=[c.value for c in CorpusName])
+    parser.add_argument("corpus", help="a name in corpora: of params.yaml")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--raw", default="data/raw", help="folder holding <corpus>/ raw files")
     parser.add_argument("--out", default="data/shards", help="folder to write <corpus>/ into")
@@ -43,14 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        params = load_params(args.params)
-        if CorpusName(args.corpus) not in params.tokenize.corpora:
-            print(f"tokenize {args.corpus}: no tokenize.corpora.{args.corpus} in {args.params}")
-            return 1
-        on_error, shard_rows, corpus = select_params(params, args.corpus)
-        section = TokenizeParams(
-            on_error=on_error, shard_rows=shard_rows, corpora={args.corpus: corpus}
-        )
+        section = select_params(load_checked(args.params), args.corpus)
         raw, out = Path(args.raw) / args.corpus, Path(args.out) / args.corpus
         manifest = tokenize_corpus(args.corpus, raw, out, section, progress=not args.no_progress)
     except HiertxError as err:
@@ -67,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     Console().print(table)
     skipped = ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in manifest.skipped.items())
     print(f"vocabulary {manifest.vocab_size:,} tokens ({manifest.vocab_hash[:12]}); {skipped}")
+    if manifest.skipped_by_reason:
+        reasons = ", ".join(f"{k} {v:,}" for k, v in manifest.skipped_by_reason.items())
+        print(f"skipped records by reason (tokenize.on_error: skip): {reasons}")
     for warning in manifest.warnings:
         print(f"warning: {warning}")
     print(f"done in {time.perf_counter() - start:.1f} s")

@@ -14,17 +14,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import Params, load_params, parse_run_key, run_slice
+from pipeline.config import Params
 from pipeline.errors import HiertxError
-from pipeline.train.seeds import train_seeds
+from pipeline.plan import RunRequest, load_checked
+from pipeline.train.training import train_seeds
 
 
-def select_params(params: Params, key: str) -> Params:
+def select_params(params: Params, key: str) -> RunRequest:
     """What this stage reads (``params:`` of ``train`` in dvc.yaml): the run's entry,
     ``train.defaults/models/scale``, the corpus' ``tokenize`` settings and, for a tuned run,
-    its search space; and ``tracking``, which only says where the run is recorded
-    (``stages.RECORDING_PARAMS``: not a dvc.yaml dependency)."""
-    return run_slice(params, key)
+    its search space; and ``tracking`` and ``train.placement``, which say where the run is
+    recorded and placed, not what it computes (``stages.UNDECLARED_PARAMS``)."""
+    return RunRequest.of(params, key)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,11 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        model, corpus, variant = parse_run_key(args.run)
-        params = select_params(load_params(args.params), args.run)
-        record = train_seeds(
-            params, model, corpus, show_progress=not args.no_progress, variant=variant
-        )
+        request = select_params(load_checked(args.params), args.run)
+        record = train_seeds(request, show_progress=not args.no_progress)
     except HiertxError as err:
         print(f"train {args.run}: {err}", file=sys.stderr)
         return 1

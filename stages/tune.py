@@ -11,17 +11,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.config import Params, load_params, parse_run_key, run_slice
+from pipeline.config import Params
 from pipeline.errors import HiertxError
-from pipeline.train.run import tune_run
+from pipeline.plan import RunRequest, load_checked
+from pipeline.train.tuning import tune_run
 
 
-def select_params(params: Params, key: str) -> Params:
+def select_params(params: Params, key: str) -> RunRequest:
     """What this stage reads (``params:`` of ``tune`` in dvc.yaml): the search's knobs and
     space, the run's entry, ``train.defaults/models/scale`` and the corpus' ``tokenize``
-    settings; and ``tracking``, which only says where trials are recorded
-    (``stages.RECORDING_PARAMS``: not a dvc.yaml dependency)."""
-    return run_slice(params, key, search=True)
+    settings; and ``tracking`` and ``train.placement``, which say where trials are recorded
+    and placed (``stages.UNDECLARED_PARAMS``: not dvc.yaml dependencies)."""
+    return RunRequest.of(params, key, search=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,13 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        model, corpus, _ = parse_run_key(args.run)
-        best = tune_run(
-            select_params(load_params(args.params), args.run),
-            model,
-            corpus,
-            show_progress=not args.no_progress,
-        )
+        request = select_params(load_checked(args.params), args.run)
+        best = tune_run(request, show_progress=not args.no_progress)
     except HiertxError as err:
         print(f"tune {args.run}: {err}", file=sys.stderr)
         return 1

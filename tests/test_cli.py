@@ -13,13 +13,14 @@ import torch
 import yaml
 
 from pipeline import cli
-from pipeline.artifacts import load_model
-from pipeline.config import parse_params
 from pipeline.data.loader import load_vocab
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, generate
+from pipeline.models.saved import load_model
+from pipeline.names import Task
+from pipeline.plan import RunRequest, checked
 from pipeline.serving import ServingSpec, generate_batch, select_batch
-from pipeline.train.seeds import train_seeds
+from pipeline.train.training import train_seeds
 from tests.eval.test_evaluate import project_params
 from tests.train.conftest import TINY_TRANSFORMER
 from tests.trained import write_trained
@@ -32,10 +33,10 @@ def project(tmp_path_factory) -> Path:
     """Tokenized chitchat, a tiny transformer and a tiny ranker, and a params.yaml."""
     root = tmp_path_factory.mktemp("cliproject")
     raw = project_params()
-    params = parse_params(raw)
+    params = checked(raw)
     tokenize_corpus("chitchat", None, root / "data" / "shards" / "chitchat", params)
     for name in ("transformer", "transformer_ranker"):
-        train_seeds(params, name, "chitchat", root, show_progress=False)
+        train_seeds(RunRequest.of(params, f"{name}-chitchat"), root, show_progress=False)
     (root / "params.yaml").write_text(yaml.safe_dump(raw))
     return root
 
@@ -54,14 +55,7 @@ def run_cli(root: Path, *args: str, stdin: str = "") -> subprocess.CompletedProc
 
 
 def spec() -> ServingSpec:
-    corpus = parse_params(project_params()).corpus("chitchat")
-    return ServingSpec(
-        "generate",
-        max_history=corpus.generate.max_history,
-        max_utterances=corpus.generate.max_utterances,
-        max_response=corpus.generate.max_response,
-        max_candidate=corpus.select.max_candidate,
-    )
+    return ServingSpec.of(Task.GENERATE, checked(project_params()).corpus("chitchat"))
 
 
 @pytest.mark.slow
@@ -151,7 +145,7 @@ def random_project(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("chatproject")
     shards = root / "data" / "shards" / "chitchat"
-    tokenize_corpus("chitchat", None, shards, parse_params(project_params()))
+    tokenize_corpus("chitchat", None, shards, checked(project_params()))
     torch.manual_seed(0)
     model = registry.build("transformer", len(load_vocab(shards)), **TINY_TRANSFORMER)
     write_trained(root, "transformer", model)

@@ -1,10 +1,11 @@
 """dvc.yaml and the stage scripts agree: each stage declares exactly the params it reads.
 
 Every ``stages/<name>.py`` exposes ``select_params(params, item)`` returning the only slice of
-``params.yaml`` the stage passes on. Running it on a recording proxy yields the dotted keys it
-reads; they must equal the stage's ``params:`` list (no undeclared reads, nothing stale),
-except ``stages.RECORDING_PARAMS`` (``tracking``): where results are recorded, read by the
-stages that log to MLflow but never a dependency, so changing it re-runs nothing.
+``params.yaml`` the stage passes on (the train and tune stages: a ``RunRequest``). Running it
+on recording params yields the dotted keys it reads; they must equal the stage's ``params:``
+list (no undeclared reads, nothing stale), except ``stages.UNDECLARED_PARAMS``
+(``tracking``, ``train.placement``): where results are recorded and where runs are placed,
+read by the stages but never a dependency, so changing them re-runs nothing.
 The ``check`` stage depends on all of ``params.yaml`` as a file instead.
 
 The slow tests run ``dvc`` in a copy of the project at the tiny profile: bad params stop
@@ -22,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -30,37 +32,157 @@ import yaml
 from pydantic import BaseModel
 
 from pipeline.config import load_params
-from stages import RECORDING_PARAMS
+from stages import UNDECLARED_PARAMS
 from tests.test_pipeline import project_files
 
 REPO = Path(__file__).resolve().parents[1]
 WHOLE_FILE = "params.yaml"
 
 
-class Recorder:
-    """Wraps params; records the dotted path of every attribute or item read."""
+class Reads:
+    """What a stage's ``select_params`` reads of params: the dotted path of every field or
+    item it takes (``log``), of every section or mapping it uses whole (``whole``: passed
+    on in what it returns, a method called on it, a dump, a copy, a merge, its keys
+    listed), and of every mapping
+    it only asks whether it holds a key (``probed``: asking where a run is listed selects
+    the stage, dvc.yaml's foreach, and reads no value).
 
-    def __init__(self, value: Any, path: str, log: set[str], probed: set[str]) -> None:
-        self._value, self._path, self._log, self._probed = value, path, log, probed
+    :meth:`watch` gives the params as values of their own types (recording copies of
+    sections, a recording ``dict`` for mappings), so a stage builds typed values from them
+    (a ``RunRequest``, a ``TokenizeParams``) as it does from the real params.
+    """
 
-    def _child(self, value: Any, key: str) -> Any:
-        path = f"{self._path}.{key}" if self._path else key
-        self._log.add(path)
-        if isinstance(value, BaseModel | dict):
-            return Recorder(value, path, self._log, self._probed)
-        return value
+    def __init__(self) -> None:
+        self.log: set[str] = set()
+        self.whole: set[str] = set()
+        self.probed: set[str] = set()
+        self._paths: dict[int, tuple[Any, str]] = {}  # id -> (the copy, kept alive; path)
 
-    def __getattr__(self, name: str) -> Any:
-        return self._child(getattr(self._value, name), name)
+    def watch(self, value: Any, path: str = "") -> Any:
+        if isinstance(value, BaseModel):
+            copy = value.model_copy()
+            object.__setattr__(copy, "__class__", _recording(type(value)))
+        elif isinstance(value, dict):
+            copy = _RecordingDict(value)
+        else:
+            return value
+        self._paths[id(copy)] = (copy, path)
+        _READS[id(copy)] = self
+        return copy
+
+    def child(self, parent: Any, key: str, value: Any) -> Any:
+        path = self.path(parent)
+        path = f"{path}.{key}" if path else key
+        self.log.add(path)
+        return self.watch(value, path)
+
+    def path(self, watched: Any) -> str:
+        return self._paths[id(watched)][1]
+
+    def passed_on(self, value: Any) -> None:
+        """Every watched section or mapping inside ``value`` (what ``select_params``
+        returned) is used whole: the stage hands all of it on."""
+        if id(value) in self._paths and self._paths[id(value)][0] is value:
+            self.whole.add(self.path(value))
+        if isinstance(value, BaseModel):
+            inner = list(object.__getattribute__(value, "__dict__").values())
+        elif isinstance(value, dict):
+            inner = list(dict.values(value))
+        elif isinstance(value, list | tuple):
+            inner = list(value)
+        else:
+            return
+        for item in inner:
+            self.passed_on(item)
+
+    def read(self) -> set[str]:
+        """The params read: the leaves of ``log`` and what was used whole, less what was
+        only probed."""
+        return (leaves(self.log) | self.whole) - self.probed
+
+    def forget(self) -> None:
+        for key in self._paths:
+            _READS.pop(key, None)
+        self._paths.clear()
+
+
+_READS: dict[int, Reads] = {}  # the watched copies still recording, by id
+
+
+def _name(key: Any) -> str:
+    return key.value if isinstance(key, enum.Enum) else str(key)
+
+
+class _RecordingDict(dict):
+    """A params mapping that records the items read (a copy: pydantic validates it, and
+    ``{**d}`` unpacks it, like a dict)."""
 
     def __getitem__(self, key: Any) -> Any:
-        name = key.value if isinstance(key, enum.Enum) else str(key)
-        return self._child(self._value[key], name)
+        value = super().__getitem__(key)
+        reads = _READS.get(id(self))
+        return value if reads is None else reads.child(self, _name(key), value)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if super().__contains__(key) else default
+
+    def items(self) -> Any:
+        return [(key, self[key]) for key in super().__iter__()]
+
+    def values(self) -> Any:
+        return [self[key] for key in super().__iter__()]
+
+    def _whole(self) -> None:
+        reads = _READS.get(id(self))
+        if reads is not None:
+            reads.whole.add(reads.path(self))
+
+    def keys(self) -> Any:
+        self._whole()
+        return super().keys()
+
+    def __iter__(self) -> Any:
+        self._whole()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self._whole()
+        return super().__len__()
 
     def __contains__(self, key: Any) -> bool:
-        # asking where a run is listed selects the stage (dvc.yaml's foreach), reads no value
-        self._probed.add(self._path)
-        return key in self._value
+        reads = _READS.get(id(self))
+        if reads is not None:
+            reads.probed.add(reads.path(self))
+        return super().__contains__(key)
+
+
+@cache
+def _recording(cls: type[BaseModel]) -> type[BaseModel]:
+    """``cls`` with reads recorded (for a copy :meth:`Reads.watch` made): a field's read
+    returns the field watched; any other attribute but Python's own (a method, a
+    property, ``model_dump``, ``model_fields_set``) uses the section whole."""
+
+    def __getattribute__(self: BaseModel, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        reads = _READS.get(id(self))
+        if reads is None or name.startswith("__"):
+            return value
+        if name in type(self).model_fields:
+            return reads.child(self, name, value)
+        reads.whole.add(reads.path(self))
+        return value
+
+    return type(cls.__name__, (cls,), {"__getattribute__": __getattribute__})
+
+
+def select(name: str, item: str | None) -> Reads:
+    """What the stage script of ``name`` reads of the shipped params.yaml for ``item``."""
+    module = importlib.import_module(stage_module(name))
+    reads = Reads()
+    try:
+        reads.passed_on(module.select_params(reads.watch(load_params(REPO / "params.yaml")), item))
+    finally:
+        reads.forget()
+    return reads
 
 
 def covers(declared: str, path: str) -> bool:
@@ -112,18 +234,35 @@ def stage_module(name: str) -> str:
     return f"stages.{name.removesuffix('_tuned')}"
 
 
+def test_the_recording_params_see_reads_whole_uses_and_probes() -> None:
+    """The recorder itself: a field read, a section passed on whole (validated into a
+    model of the stage's), a section merged, a mapping only probed."""
+    from pipeline.config import TokenizeParams, merge_params
+
+    reads = Reads()
+    params = reads.watch(load_params(REPO / "params.yaml"))
+    assert "nowhere" not in params.train.runs
+    batch = params.train.defaults.batch_size
+    knobs = merge_params(params.train.defaults, params.train.models["hier"])
+    out = TokenizeParams(corpora={"chitchat": params.tokenize.corpora["chitchat"]})
+    reads.passed_on((out, knobs, batch))
+    read = reads.read()
+    reads.forget()
+    assert isinstance(out.corpora["chitchat"], BaseModel) and knobs.batch_size == batch
+    assert {"train.defaults", "train.models.hier", "tokenize.corpora.chitchat"} <= read
+    assert "train.runs" not in read and "train.runs" in reads.probed
+    assert not {p for p in read if p.startswith(("download", "evaluate", "tune", "tracking"))}
+    assert not any(covers(p, "tokenize.corpora.ptb") for p in read)  # one corpus, not all
+
+
 @pytest.mark.parametrize(("name", "item", "stage"), INSTANCES)
 def test_stage_declares_exactly_the_params_it_reads(
     name: str, item: str | None, stage: dict[str, Any]
 ) -> None:
-    module = importlib.import_module(stage_module(name))
-    log: set[str] = set()
-    probed: set[str] = set()
-    module.select_params(Recorder(load_params(REPO / "params.yaml"), "", log, probed), item)
+    reads = select(name, item)
     declared = set(stage.get("params", []))
-    recording = {p for p in log if any(covers(r, p) for r in RECORDING_PARAMS)}
-    assert not {d for d in declared if any(covers(r, d) for r in RECORDING_PARAMS)}
-    read = leaves(log - recording) - probed
+    assert not {d for d in declared if any(covers(r, d) for r in UNDECLARED_PARAMS)}
+    read = {p for p in reads.read() if not any(covers(r, p) for r in UNDECLARED_PARAMS)}
     if WHOLE_FILE in stage["deps"]:
         # a file dep on all of params.yaml covers every read; a params: list would be stale
         assert declared == set()
@@ -133,18 +272,21 @@ def test_stage_declares_exactly_the_params_it_reads(
     assert (undeclared, stale) == (set(), set())
 
 
-def test_recording_params_are_read_but_never_declared() -> None:
-    """``tracking`` reaches every stage that logs to MLflow, and no stage depends on it:
-    changing ``tracking.log_model`` must not re-run a training."""
-    readers = set()
+def test_undeclared_params_are_read_but_never_declared() -> None:
+    """``tracking`` reaches every stage that logs to MLflow and ``train.placement`` every
+    stage that trains, and no stage depends on them: changing ``tracking.log_model`` or
+    moving runs to GPUs must not re-run a training."""
+    readers: dict[str, set[str]] = {r: set() for r in UNDECLARED_PARAMS}
     for name, item, stage in stage_instances():
-        log: set[str] = set()
-        module = importlib.import_module(stage_module(name))
-        module.select_params(Recorder(load_params(REPO / "params.yaml"), "", log, set()), item)
-        if any(covers(r, p) for r in RECORDING_PARAMS for p in log):
-            readers.add(name)
-        assert not any(covers("tracking", p) for p in stage.get("params", [])), name
-    assert {"tune", "train", "train_tuned", "evaluate", "evaluate_tuned", "report"} <= readers
+        log = select(name, item).log
+        for undeclared in UNDECLARED_PARAMS:
+            if any(covers(undeclared, p) for p in log):
+                readers[undeclared].add(name)
+            assert not any(covers(undeclared, p) for p in stage.get("params", [])), name
+    assert {"tune", "train", "train_tuned", "evaluate", "evaluate_tuned", "report"} <= readers[
+        "tracking"
+    ]
+    assert {"tune", "train", "train_tuned"} <= readers["train.placement"]
 
 
 @pytest.mark.parametrize(("name", "item", "stage"), INSTANCES)
@@ -170,8 +312,9 @@ def test_check_stage_comes_first_and_gates_every_download() -> None:
     assert next(iter(spec)) == "check"
     check = spec["check"]
     assert WHOLE_FILE in check["deps"] and "params" not in check
-    (out,) = check["outs"]
-    assert out in spec["download"]["do"]["deps"]
+    (out,) = check["outs"]  # the corpora's source declarations, one file per corpus
+    (folder,) = out if isinstance(out, dict) else (out,)
+    assert f"{folder}/${{item}}.json" in spec["download"]["do"]["deps"]
     assert [name for name, stage in spec.items() if WHOLE_FILE in stage.get("deps", [])] == [
         "check"
     ]  # any other stage with the file dep would re-run on every params change
@@ -256,32 +399,36 @@ def test_valid_change_reruns_only_check_and_outputs_never_share_the_cache(
 ) -> None:
     root = tmp_path / "hiertx"
     env = _tiny_copy(root)
-    first = _dvc(root, env, "repro", "download@chitchat")
+    first = _dvc(root, env, "repro", "tokenize@chitchat")
     assert first.returncode == 0, first.stdout + first.stderr
-    assert _ran(first) == ["check", "download@chitchat"]
+    assert _ran(first) == ["check", "download@chitchat", "tokenize@chitchat"]
 
-    # a valid change: check re-runs, its output stays the same, download is up to date
+    # a valid change: check re-runs, its declarations stay the same, nothing else re-runs
     _edit_params(root, "evaluate.n_samples", 3)
-    second = _dvc(root, env, "repro", "download@chitchat")
+    second = _dvc(root, env, "repro", "tokenize@chitchat")
     assert second.returncode == 0 and _ran(second) == ["check"], second.stdout
 
     # a checked-out output is a copy: writing into it (as a stage that rewrote a file in
     # place would; root ignores the read-only bit of DVC's hardlinks) leaves the cache whole
-    shutil.rmtree(root / "data" / "raw" / "chitchat")
-    assert _dvc(root, env, "checkout", "download@chitchat").returncode == 0
-    for path in (root / "data" / "raw" / "chitchat").iterdir():
+    shards = root / "data" / "shards" / "chitchat"
+    shutil.rmtree(shards)
+    assert _dvc(root, env, "checkout", "tokenize@chitchat").returncode == 0
+    written = [path for path in shards.rglob("*") if path.is_file()]
+    assert written
+    for path in written:
         os.chmod(path, 0o644)
         with path.open("r+b") as f:
             f.write(b"overwritten")
     objects = [p for p in (root / ".dvc" / "cache" / "files" / "md5").rglob("*") if p.is_file()]
-    assert len(objects) >= 3  # data/params.checked, the raw files, their .dir listing
+    assert len(objects) > len(written)  # the shards, vocabulary, manifest and .dir listing
     for obj in objects:
         name = obj.parent.name + obj.name.removesuffix(".dir")
         assert hashlib.md5(obj.read_bytes()).hexdigest() == name, obj
 
 
 def _imported_modules(path: Path) -> set[Path]:
-    """The ``pipeline`` modules a file imports (at the top or inside functions)."""
+    """The ``pipeline`` modules a file imports (at the top or inside functions; a package
+    by its ``__init__.py``)."""
     import ast
 
     found = set()
@@ -312,10 +459,22 @@ def _runs(script: Path) -> set[Path]:
     return seen
 
 
+ARTIFACTS = REPO / "pipeline" / "artifacts"
+
+
+def _uses_the_stage_contract(script: Path) -> bool:
+    return any(path.is_relative_to(ARTIFACTS) for path in _runs(script))
+
+
+def test_the_stage_contract_is_found_in_what_a_stage_imports() -> None:
+    assert _uses_the_stage_contract(REPO / "stages" / "train.py")
+    assert not _uses_the_stage_contract(REPO / "stages" / "__init__.py")
+
+
 @pytest.mark.parametrize(("name", "item", "stage"), INSTANCES)
 def test_a_stage_using_the_stage_contract_depends_on_it(name, item, stage) -> None:
-    """A stage that reads or writes a record of ``pipeline/artifacts.py`` re-runs when the
+    """A stage that reads or writes a record of ``pipeline/artifacts/`` re-runs when the
     record's format changes (its outputs, or how it reads its inputs, change with it)."""
     script = REPO / f"{stage_module(name).replace('.', '/')}.py"
-    if REPO / "pipeline" / "artifacts.py" in _runs(script):
-        assert "pipeline/artifacts.py" in stage["deps"], name
+    if _uses_the_stage_contract(script):
+        assert any(covers(dep, "pipeline/artifacts") for dep in stage["deps"]), name

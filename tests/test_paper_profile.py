@@ -24,22 +24,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.config import Task, load_params, parse_params
+from pipeline.artifacts import DataSizes, Layout
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import generate
-from pipeline.eval.evaluate import decode_config
+from pipeline.eval.generation import decode_config
 from pipeline.eval.perplexity import example_nll
 from pipeline.models import registry
-from pipeline.models.base import DataSizes, count_parameters
+from pipeline.models.base import count_parameters
+from pipeline.names import Task
+from pipeline.plan import RunRequest, load_checked, plan_search, plan_training
 from pipeline.report.published import PAPERS
-from pipeline.train.job import model_config
+from pipeline.train.job import RegistryModel
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-PAPER = load_params(REPO / "profiles" / "paper.yaml")
+PAPER = load_checked(REPO / "profiles" / "paper.yaml")
 RUNS = sorted(
-    (key, target.model, target.corpus.value)
+    (key, target.model, target.corpus)
     for key, target in [*PAPER.train.runs.items(), *PAPER.tune.runs.items()]
     if target.variant is None
 )
@@ -89,19 +91,19 @@ def _raw_folder(corpus: str, shared: Path, raw: Path) -> None:
 
 @pytest.fixture(scope="module")
 def records(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Each corpus of the profile tokenized with the profile's settings (on demand)."""
+    """Each corpus of the profile tokenized with the profile's settings (on demand), in a
+    project folder of its own: ``(tokenize record, project root)``."""
     made: dict[str, tuple] = {}
 
     def record(corpus: str) -> tuple:
         if corpus not in made:
             root = tmp_path_factory.mktemp(f"paper-{corpus}")
-            raw = root / "raw"
-            raw.mkdir()
+            layout = Layout(root)
+            raw = layout.raw(corpus)
+            raw.mkdir(parents=True)
             _raw_folder(corpus, shared_data, raw)
-            settings = PAPER.tokenize.model_dump(mode="json")
-            params = parse_params({"tokenize": settings, "corpora": [corpus]})
-            shards = root / "shards"
-            made[corpus] = (tokenize_corpus(corpus, raw, shards, params, progress=False), shards)
+            shards = layout.shards(corpus)
+            made[corpus] = (tokenize_corpus(corpus, raw, shards, PAPER, progress=False), root)
         return made[corpus]
 
     return record  # type: ignore[return-value]
@@ -118,14 +120,18 @@ def test_the_profile_has_every_seed_table_setting():
 @pytest.mark.slow  # builds, steps and evaluates every paper-size model of the profile
 @pytest.mark.parametrize(("key", "model", "corpus"), RUNS)
 def test_a_run_builds_from_the_record_learns_and_evaluates(records, key, model, corpus):
-    record, shards = records(corpus)
-    task = registry.spec(model).task
-    run = PAPER.train.run(model, corpus)
-    config = model_config(model, record.data_sizes(), run.model, f"train.models.{model}")
+    record, root = records(corpus)
+    # the stage's plan: a train run's, or a tuned run's search (its base knobs)
+    if key in PAPER.tune.runs:
+        plan = plan_search(RunRequest.of(PAPER, key, search=True), root)
+    else:
+        plan = plan_training(RunRequest.of(PAPER, key), root)
+    task, config, shards = plan.task, plan.config, plan.shards
+    assert (task, plan.sizes) == (registry.spec(model).task, record.data_sizes())
     if "n_acts" in type(config).DATA_FIELDS:
         assert config.n_acts == record.n_acts and record.n_acts != 44  # the data's own
     torch.manual_seed(0)
-    net = registry.build_from_config(model, config)
+    net = RegistryModel(plan.model, config)()
     train = next(iter(BatchLoader(open_split(shards, task.value, "train"), 2, shuffle=False)))
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
     net.train()
@@ -163,8 +169,7 @@ def test_the_layer_sweeps_are_the_papers_rows_at_its_parameter_steps():
 
     def count(model: str, variant: str | None) -> int:
         run = PAPER.train.run(model, "ptb", variant)
-        config = model_config(model, sizes, run.model, f"train.runs.{model}")
-        return count_parameters(registry.build_from_config(model, config))
+        return count_parameters(registry.build(model, sizes, **run.model))
 
     for model, per_layer in (("gpt", 6.3e6 / 2), ("congruent_gpt", 5.8e6 / 2)):
         base = count(model, None)
@@ -178,8 +183,7 @@ def test_the_layer_sweeps_are_the_papers_rows_at_its_parameter_steps():
 
 def _paper_size(model: str, vocab: int) -> torch.nn.Module:
     run = PAPER.train.run(model, "cornell")
-    config = model_config(model, DataSizes(vocab_size=vocab), run.model, f"train.models.{model}")
-    return registry.build_from_config(model, config)
+    return registry.build(model, DataSizes(vocab_size=vocab), **run.model)
 
 
 def test_u_net_family_is_sized_as_the_authors_code():
@@ -202,5 +206,5 @@ def test_table_2_uses_the_authors_experiment_ct_mask():
     sizes = DataSizes(vocab_size=100, n_acts=5)
     for model, mask in (("hier", "hier_naacl"), ("mat", "hier_naacl"), ("hier_pp", "hier")):
         run = PAPER.train.run(model, "multiwoz")
-        config = model_config(model, sizes, run.model, f"train.models.{model}")
+        config = registry.make_config(model, sizes, **run.model)
         assert config.context_mask == mask, model

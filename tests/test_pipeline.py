@@ -5,8 +5,8 @@ in a fresh git copy (the tiny pipeline runs once, the checks share it):
 2. the stages find the project's venv by themselves when ``dvc`` is typed without it;
 3. DVC experiments keep their metrics, params and plots: ``dvc exp run -S``,
    ``dvc exp show``, ``dvc metrics diff``, ``dvc params diff``, ``dvc plots show/diff``;
-4. ``tracking.*`` changes invalidate nothing; a tokenize param re-runs tokenize, not
-   download, and puts everything downstream out of date.
+4. ``tracking.*`` and ``train.placement.*`` changes invalidate nothing; a tokenize param
+   re-runs tokenize, not download, and puts everything downstream out of date.
 """
 
 from __future__ import annotations
@@ -52,6 +52,18 @@ def project_files() -> list[str]:
         check=True,
     ).stdout.decode()
     return [f for f in out.split("\0") if f and (REPO / f).is_file()]
+
+
+def user_env(mlflow_db: Path, path: str = USER_PATH) -> dict[str, str]:
+    """The environment of a user's shell (no venv on PATH unless ``path`` adds it), with an
+    MLflow store of the test's own and no telemetry."""
+    env = {k: v for k, v in os.environ.items() if k not in NOT_FROM_USER_SHELL}
+    return env | {
+        "PATH": path,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{mlflow_db}",
+        "DVC_NO_ANALYTICS": "1",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }
 
 
 def run(root: Path, env: dict[str, str], *args: str, ok: bool = True) -> str:
@@ -114,7 +126,7 @@ def edit_params(root: Path, dotted: str, value: Any) -> None:
     node = raw
     *parents, leaf = dotted.split(".")
     for key in parents:
-        node = node[key]
+        node = node.setdefault(key, {})
     node[leaf] = value
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
@@ -130,14 +142,7 @@ def test_make_repro_as_a_user_then_compare_experiments(tmp_path):
     started = time.perf_counter()
     root = tmp_path / "hiertx"
     fresh_copy(root)
-    env = {k: v for k, v in os.environ.items() if k not in NOT_FROM_USER_SHELL}
-    env |= {
-        "PATH": USER_PATH,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-        "DVC_NO_ANALYTICS": "1",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-        "OMP_NUM_THREADS": "1",
-    }
+    env = user_env(tmp_path / "mlflow.db") | {"OMP_NUM_THREADS": "1"}
     make = ["make", "-o", str(VENV / ".installed"), f"VENV={VENV}", "repro"]
     params = yaml.safe_load((root / "params.yaml").read_text())
     keys = [*params["train"]["runs"], *params["tune"]["runs"]]
@@ -230,9 +235,12 @@ def test_make_repro_as_a_user_then_compare_experiments(tmp_path):
     assert {v["run"] for v in values} == set(keys)
     assert {v["rev"] for v in values} == {"workspace", "HEAD"}
 
-    # 4. tracking settings record results, they do not change them
+    # 4. tracking settings record results and placement settings place runs: they do not
+    # change them
     edit_params(root, "tracking.log_model", True)
     edit_params(root, "tracking.sample_generations", 3)
+    edit_params(root, "train.placement.cpus_per_worker", 2)
+    edit_params(root, "train.placement.max_failures", 1)
     assert set(dvc_json(root, env, "status")) <= {"check"}
 
     # A tokenize param: tokenize re-runs, download does not; its new shards put every

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
+from pipeline.artifacts import SavedModel
 from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, SPECIAL_TOKENS
 from pipeline.data.vocab import Vocab
 from pipeline.decode import DecodeConfig
@@ -27,7 +28,6 @@ from pipeline.serving import (
     model_signature,
     select_batch,
 )
-from pipeline.train.checkpoint import save_checkpoint
 
 WORDS = [
     "hi",
@@ -62,18 +62,19 @@ def vocab() -> Vocab:
     return Vocab([*SPECIAL_TOKENS, *WORDS])
 
 
+def export(model: torch.nn.Module, name: str, task: str, path: Path) -> Path:
+    """``model`` exported as the train stage exports it."""
+    config = model.config.model_dump(mode="json")
+    return SavedModel(name, config, task, model.state_dict()).write(path)
+
+
 def tiny_checkpoint(folder: str | Path) -> tuple[Path, Path]:
-    """A tiny (untrained) transformer checkpoint and its vocabulary."""
+    """A tiny (untrained) transformer, exported, and its vocabulary."""
     folder = Path(folder)
     vocab = Vocab([*SPECIAL_TOKENS, *WORDS])
     model = registry.build("transformer", len(vocab), **TINY["transformer"])
-    state = {
-        "model_name": "transformer",
-        "model_config": model.config.model_dump(mode="json"),
-        "model": model.state_dict(),
-    }
     vocab.save(folder / "vocab.json")
-    return save_checkpoint(state, folder / "model.pt"), folder / "vocab.json"
+    return export(model, "transformer", "generate", folder / "model.pt"), folder / "vocab.json"
 
 
 def _uri(folder: Path) -> str:
@@ -83,14 +84,7 @@ def _uri(folder: Path) -> str:
 def _served(tmp_path, vocab, name, task, **config) -> HiertxModel:
     torch.manual_seed(0)
     model = registry.build(name, len(vocab), **config)
-    ckpt = save_checkpoint(
-        {
-            "model_name": name,
-            "model_config": model.config.model_dump(mode="json"),
-            "model": model.state_dict(),
-        },
-        tmp_path / "model.pt",
-    )
+    ckpt = export(model, name, task, tmp_path / "model.pt")
     vocab.save(tmp_path / "vocab.json")
     spec = tmp_path / "serving.json"
     spec.write_text(json.dumps({"task": task, "max_history": 12, "max_utterances": 3}))
@@ -117,6 +111,28 @@ def test_histories_keep_the_most_recent_tokens_and_alternate_speakers(vocab):
     # the response speaker is "self": the last utterance is the other party's
     assert h.speaker[0][h.input_mask[0]].tolist() == [SPEAKER_SELF] * 5 + [SPEAKER_OTHER] * 4
     assert h.input_mask[1].sum() == 3 and not h.input_mask[1][3:].any()
+
+
+def test_a_spec_takes_the_corpus_tokenize_limits():
+    from pipeline.config import CorpusParams
+    from pipeline.names import Task
+
+    corpus = CorpusParams.model_validate(
+        {
+            "generate": {"max_history": None, "max_utterances": 4, "max_response": 12},
+            "select": {"max_candidate": 9},
+            "lm": {"max_sentence": 16},
+        }
+    )
+    spec = ServingSpec.of(Task.SELECT, corpus)
+    assert spec == ServingSpec(
+        "select",
+        max_history=None,
+        max_utterances=4,
+        max_response=12,
+        max_candidate=9,
+        max_sentence=16,
+    )
 
 
 def test_lm_pyfunc_returns_per_document_perplexity(tmp_path, vocab):
@@ -213,11 +229,13 @@ def test_logging_and_loading_the_pyfunc_warns_nothing_about_type_hints(tmp_path)
 import warnings
 warnings.simplefilter("always")
 from pipeline import tracking
-from pipeline.serving import ServingSpec
+from pipeline.serving import ServingSpec, log_pyfunc
 from tests.test_serving import tiny_checkpoint
 ckpt, vocab = tiny_checkpoint({str(tmp_path)!r})
 t = tracking.Tracker.start({_uri(tmp_path)!r}, {_uri(tmp_path)!r}, "e", "r")
-print("VERSION", t.log_pyfunc("m", checkpoint=ckpt, vocab=vocab, spec=ServingSpec("generate")))
+spec = ServingSpec("generate")
+print("VERSION", t.call(lambda client, run_id: log_pyfunc(
+    client.tracking_uri, run_id, "m", checkpoint=ckpt, vocab=vocab, spec=spec)))
 """
     load = f"""
 import warnings

@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from pipeline import tracking
-from pipeline.tracking import Tracker, TrackingUnavailable
+from pipeline.tracking import Tracker, store
+from pipeline.tracking import tracker as tracker_module
+from pipeline.tracking.store import TrackingUnavailable
 
 
 def _closed_port_uri() -> str:
@@ -34,7 +36,7 @@ def stores(tmp_path_factory):
     """One primary and one fallback store for the module (creating a sqlite store takes
     seconds); tests keep apart by experiment name."""
     root = tmp_path_factory.mktemp("mlflow")
-    return tracking.sqlite_uri(root / "mlflow.db"), tracking.fallback_uri(root)
+    return store.sqlite_uri(root / "mlflow.db"), tracking.fallback_uri(root)
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +109,7 @@ def test_server_dying_mid_run_replays_everything_into_one_fallback_run(stores, m
     assert worker.fell_back and driver.fell_back and driver.ref.uri == fallback
     assert worker.run_id == driver.run_id != origin  # both found the same fallback run
     run = _run(fallback, driver.run_id)
-    assert run.data.tags[tracking.TAG_ORIGIN] == origin and run.data.tags["k"] == "v"
+    assert run.data.tags[store.TAG_ORIGIN] == origin and run.data.tags["k"] == "v"
     client = mlflow.tracking.MlflowClient(fallback)
     steps = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
     assert steps == [(1, 3.0), (2, 2.0), (3, 1.0)]
@@ -118,8 +120,8 @@ def test_server_dying_mid_run_replays_everything_into_one_fallback_run(stores, m
 
 
 def test_store_is_the_projects_and_manifests_record_it_relative(tmp_path, monkeypatch):
-    monkeypatch.delenv(tracking.TRACKING_URI_ENV, raising=False)
-    monkeypatch.delenv(tracking.DVC_ROOT_ENV, raising=False)
+    monkeypatch.delenv(store.TRACKING_URI_ENV, raising=False)
+    monkeypatch.delenv(store.DVC_ROOT_ENV, raising=False)
     project = tmp_path / "project"
     uri = tracking.tracking_uri(project)
     assert uri == f"sqlite:///{project / 'mlflow.db'}"
@@ -137,29 +139,29 @@ def test_store_is_the_projects_and_manifests_record_it_relative(tmp_path, monkey
     )
     # a relative $MLFLOW_TRACKING_URI (as the README shows) means the project's folder,
     # whatever the working directory
-    monkeypatch.setenv(tracking.TRACKING_URI_ENV, "sqlite:///mlflow.db")
+    monkeypatch.setenv(store.TRACKING_URI_ENV, "sqlite:///mlflow.db")
     monkeypatch.chdir(tmp_path)
     assert tracking.tracking_uri(project) == uri
 
 
 def test_a_dvc_temp_experiment_logs_into_the_workspace_store(tmp_path, monkeypatch):
-    monkeypatch.delenv(tracking.TRACKING_URI_ENV, raising=False)
+    monkeypatch.delenv(store.TRACKING_URI_ENV, raising=False)
     workspace = tmp_path / "ws"
     copy = workspace / ".dvc" / "tmp" / "exps" / "standalone" / "tmpab12cd"  # as DVC 3.67
     copy.mkdir(parents=True)
     # as DVC runs a stage of `dvc exp run --temp`: cwd = the copy, $DVC_ROOT = the workspace
-    monkeypatch.setenv(tracking.DVC_ROOT_ENV, str(workspace))
-    assert tracking.project_root(copy) == workspace.resolve()
+    monkeypatch.setenv(store.DVC_ROOT_ENV, str(workspace))
+    assert store.project_root(copy) == workspace.resolve()
     assert tracking.tracking_uri(copy) == f"sqlite:///{workspace.resolve() / 'mlflow.db'}"
     assert tracking.fallback_uri(copy).startswith(f"sqlite:///{workspace.resolve() / 'runs'}")
     assert tracking.portable_uri(tracking.tracking_uri(copy), copy) == "sqlite:///mlflow.db"
     # a stage script run by hand inside the copy (no $DVC_ROOT) finds it from the layout
-    monkeypatch.delenv(tracking.DVC_ROOT_ENV)
-    assert tracking.project_root(copy / "sub") == workspace.resolve()
+    monkeypatch.delenv(store.DVC_ROOT_ENV)
+    assert store.project_root(copy / "sub") == workspace.resolve()
     # $DVC_ROOT of another project (a stage that trains elsewhere) changes nothing
-    monkeypatch.setenv(tracking.DVC_ROOT_ENV, str(workspace))
-    assert tracking.project_root(tmp_path / "other") == (tmp_path / "other").resolve()
-    assert tracking.project_root(workspace) == workspace.resolve()
+    monkeypatch.setenv(store.DVC_ROOT_ENV, str(workspace))
+    assert store.project_root(tmp_path / "other") == (tmp_path / "other").resolve()
+    assert store.project_root(workspace) == workspace.resolve()
 
 
 # --------------------------------------------------------------------------- re-runs
@@ -180,12 +182,12 @@ def test_reuse_any_goes_on_in_a_finished_run_never_starts_afresh(stores):
     run = _run(uri, first.run_id)
     assert not again.fell_back and run.info.status == "FINISHED"
     assert run.data.params == {"scale.cpus": "1", "lr": "0.1", "new": "1"}
-    assert run.data.tags[f"{tracking.TAG_CHANGED_PARAM}.scale.cpus"] == "2"
+    assert run.data.tags[f"{store.TAG_CHANGED_PARAM}.scale.cpus"] == "2"
     assert tracking.metric_history(uri, run.info.run_id, "valid_loss") == [(5, 2.0)]
     # a training that starts from step 0 gets a run of its own (no doubled history)
     fresh = Tracker.start(uri, fallback, "reuse", "r", resume_key="train-k-1", reuse="never")
     assert fresh.run_id != first.run_id
-    assert _run(uri, fresh.run_id).data.tags[tracking.TAG_RUN_KEY] == "train-k-1"
+    assert _run(uri, fresh.run_id).data.tags[store.TAG_RUN_KEY] == "train-k-1"
 
 
 def test_end_children_gives_trials_the_schedulers_verdict(stores):
@@ -218,15 +220,16 @@ def test_end_children_gives_trials_the_schedulers_verdict(stores):
 
 
 def _failing_client(monkeypatch, uri: str):
-    real_client = tracking._client
+    """The server at ``uri`` stops answering the tracker; the returned call brings it back."""
+    real_client = store.mlflow_client
 
     def failing(u: str):
         if u == uri:
             raise ConnectionError("server went away")
         return real_client(u)
 
-    monkeypatch.setattr(tracking, "_client", failing)
-    return lambda: monkeypatch.setattr(tracking, "_client", real_client)
+    monkeypatch.setattr(tracker_module, "mlflow_client", failing)
+    return lambda: monkeypatch.setattr(tracker_module, "mlflow_client", real_client)
 
 
 def test_the_partial_server_run_is_failed_when_the_server_answers_again(stores, monkeypatch):
@@ -249,7 +252,7 @@ def test_the_partial_server_run_is_failed_when_the_server_answers_again(stores, 
     assert tracking.metric_history(fallback, driver.run_id, "loss") == [(1, 3.0), (2, 2.0)]
     partial = _run(uri, origin)
     assert partial.info.status == "FAILED"
-    assert partial.data.tags[tracking.TAG_FALLBACK_RUN] == driver.run_id
+    assert partial.data.tags[store.TAG_FALLBACK_RUN] == driver.run_id
     # resuming the training goes on in the run that holds the history, not the partial one
     again = Tracker.start(uri, fallback, "partial", "r", resume_key="train-p-1", reuse="any")
     assert again.fell_back and again.run_id == driver.run_id
@@ -286,7 +289,7 @@ def test_dvc_exp_run_temp_logs_into_the_workspace_store(tmp_path):
     )
     log = {"cmd": f'{sys.executable} -c "{stage}"', "outs": ["out.txt"]}
     (workspace / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"log": log}}))
-    env = {k: v for k, v in os.environ.items() if k not in (tracking.TRACKING_URI_ENV, "DVC_ROOT")}
+    env = {k: v for k, v in os.environ.items() if k not in (store.TRACKING_URI_ENV, "DVC_ROOT")}
     env.update(
         PYTHONPATH=str(repo),
         DVC_NO_ANALYTICS="1",
@@ -307,8 +310,7 @@ def test_dvc_exp_run_temp_logs_into_the_workspace_store(tmp_path):
             command, cwd=workspace, env=env, capture_output=True, text=True, timeout=600
         )
         assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
-    store = tracking.sqlite_uri(workspace / "mlflow.db")
-    client = mlflow.tracking.MlflowClient(store)
+    client = mlflow.tracking.MlflowClient(store.sqlite_uri(workspace / "mlflow.db"))
     runs = client.search_runs([client.get_experiment_by_name("temp-exp").experiment_id])
     assert len(runs) == 1
     ran_in = Path(runs[0].data.tags["cwd"])
@@ -319,7 +321,7 @@ def test_dvc_exp_run_temp_logs_into_the_workspace_store(tmp_path):
 def test_sync_mlflow_says_what_to_do_when_there_is_nothing_to_sync(tmp_path, monkeypatch, capsys):
     from pipeline import cli
 
-    monkeypatch.delenv(tracking.TRACKING_URI_ENV, raising=False)
+    monkeypatch.delenv(store.TRACKING_URI_ENV, raising=False)
     assert cli.main(["sync-mlflow", "--root", str(tmp_path)]) == 0
     assert "no fallback store" in capsys.readouterr().out
     fallback = tracking.fallback_uri(tmp_path)
@@ -336,7 +338,7 @@ def test_sync_mlflow_says_what_to_do_when_there_is_nothing_to_sync(tmp_path, mon
 
 @pytest.mark.slow
 def test_a_moved_project_store_keeps_its_artifacts_and_models_beside_it(tmp_path):
-    from pipeline.serving import ServingSpec
+    from pipeline.serving import ServingSpec, log_pyfunc
     from tests.test_serving import tiny_checkpoint
 
     first = tmp_path / "first"
@@ -345,8 +347,16 @@ def test_a_moved_project_store_keeps_its_artifacts_and_models_beside_it(tmp_path
     uri = tracking.tracking_uri(first)
     t = Tracker.start(uri, tracking.fallback_uri(first), "moving", "r")
     t.log_text("before", "notes/before.txt")
-    version = t.log_pyfunc(
-        "moving-model", checkpoint=checkpoint, vocab=vocab, spec=ServingSpec("generate")
+    spec = ServingSpec("generate")
+    version = t.call(
+        lambda client, run_id: log_pyfunc(
+            client.tracking_uri,
+            run_id,
+            "moving-model",
+            checkpoint=checkpoint,
+            vocab=vocab,
+            spec=spec,
+        )
     )
     t.end()
     moved = tmp_path / "moved"

@@ -11,9 +11,9 @@ from pipeline.artifacts import (
     MODEL_FILE,
     Layout,
     MlflowRef,
+    SavedModel,
     TrainedSeed,
     TrainRecord,
-    save_model,
 )
 from pipeline.config import run_key
 from pipeline.models import registry
@@ -33,9 +33,8 @@ def write_trained(
     layout = Layout(root)
     task = registry.spec(model_name).task.value
     checkpoint = layout.train_out(key) / MODEL_FILE
-    save_model(
-        checkpoint, model_name, model.config.model_dump(mode="json"), task, model.state_dict()
-    )
+    config = model.config.model_dump(mode="json")
+    SavedModel(model_name, config, task, model.state_dict()).write(checkpoint)
     seed = TrainedSeed(
         seed=0,
         run_name=f"train-{key}",

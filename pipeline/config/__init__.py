@@ -1,18 +1,19 @@
 """Typed, validated parameters: ``params.yaml`` -> frozen pydantic models, one per stage.
 
-The sections live in ``sections`` (base, names), ``data``, ``train``, ``tune`` and
-``evaluate``; this module is the whole ``Params``, parsing, loading and stage slices, and
-the package's public names.
+The sections live in ``sections`` (base, key types), ``data``, ``train``, ``tune`` and
+``evaluate``; this module is the whole ``Params``, parsing and loading, and the package's
+public names. It imports nothing of the project but ``errors`` and ``names``: checking
+names and cross-references against the model registry and the corpora (does model ``hier``
+exist, does its corpus yield its task) is the layer above, ``pipeline.plan.check``, which
+every stage calls through ``pipeline.plan.load_checked``.
 
-Every model forbids unknown keys, so a typo fails before any work, and errors name the
-dotted key (``tokenize.generate.max_history: Input should be greater than 0``). Names and
-cross-references (models, corpora, config fields) are checked by ``pipeline.params_check``,
-which ``parse_params`` runs too.
+Every model forbids unknown keys and NaN/inf, so a typo or ``lr: .inf`` fails before any
+work, and errors name the dotted key (``tokenize.generate.max_history: Input should be
+greater than 0``).
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,16 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from pipeline.config.data import (
+    ChatTargets,
     CorpusParams,
+    CorpusSource,
     DownloadParams,
+    FileSource,
     GenerateParams,
     LMParams,
     SelectParams,
+    SourceFormat,
     SplitParams,
-    Task,
     TokenizeParams,
     VocabParams,
 )
@@ -39,10 +43,11 @@ from pipeline.config.evaluate import (
     TrackingParams,
     Word2VecParams,
 )
-from pipeline.config.sections import CorpusName, OnError, Section
+from pipeline.config.sections import CorpusKey, Section
 from pipeline.config.train import (
     OptimizerKind,
     OptimizerParams,
+    PlacementParams,
     PlacementStrategy,
     Precision,
     RunParams,
@@ -58,7 +63,9 @@ from pipeline.config.train import (
     run_label,
 )
 from pipeline.config.tune import SearchDim, SearchKind, SearchSpace, TuneParams
+from pipeline.config.validation import config_error
 from pipeline.errors import ConfigError
+from pipeline.names import CorpusName
 
 # --------------------------------------------------------------------------- root
 
@@ -66,8 +73,10 @@ from pipeline.errors import ConfigError
 class Params(Section):
     """The whole of ``params.yaml``."""
 
-    corpora: tuple[CorpusName, ...] = Field(
-        default=(CorpusName.CHITCHAT,), description="corpora `dvc repro` processes"
+    corpora: tuple[CorpusKey, ...] = Field(
+        default=(CorpusName.CHITCHAT.value,),
+        description="corpora `dvc repro` processes: built-in names, or names declared with "
+        "a source under tokenize.corpora",
     )
     download: DownloadParams = DownloadParams()
     tokenize: TokenizeParams = TokenizeParams()
@@ -79,9 +88,22 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _every_corpus_configured(self) -> Params:
-        missing = [c.value for c in self.corpora if c not in self.tokenize.corpora]
+        missing = [c for c in self.corpora if c not in self.tokenize.corpora]
         if missing:
-            raise ValueError(f"tokenize.corpora has no entry for {missing}")
+            raise ValueError(
+                f"corpora: {', '.join(missing)} has no tokenize.corpora entry: add "
+                "tokenize.corpora.<name> (a built-in corpus, or your own with its source)"
+            )
+        builtin = {c.value for c in CorpusName}
+        for name, corpus in self.tokenize.corpora.items():
+            where = f"tokenize.corpora.{name}.source"
+            if name in builtin and corpus.source is not None:
+                raise ValueError(f"{where}: {name} is a built-in corpus; give yours another name")
+            if name not in builtin and corpus.source is None:
+                raise ValueError(
+                    f"{where}: {name!r} is no built-in corpus ({', '.join(sorted(builtin))}): "
+                    "declare its file and format here (README, Your own dialogues)"
+                )
         both = sorted(set(self.train.runs) & set(self.tune.runs))
         if both:
             raise ValueError(
@@ -90,38 +112,22 @@ class Params(Section):
             )
         return self
 
-    def corpus(self, name: CorpusName | str) -> CorpusParams:
-        return self.tokenize.corpora[CorpusName(name)]
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if not str(p).startswith("function-")) or "params"
+    def corpus(self, name: str) -> CorpusParams:
+        """The tokenize settings of corpus ``name``."""
+        return self.tokenize.corpora[name]
 
 
 def parse_params(raw: dict[str, Any]) -> Params:
-    """Validate a params mapping, names and cross-references included
-    (``pipeline.params_check``); a ``ConfigError`` names the first bad key and why."""
-    from pipeline.params_check import check_params, unknown_key_reason
-
+    """Validate a params mapping, section by section (names and cross-references are
+    ``pipeline.plan.check``'s); a ``ConfigError`` names the first bad key and why."""
     try:
-        params = Params.model_validate(raw)
+        return Params.model_validate(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        key, reason = _dotted(first["loc"]), first["msg"]
-        if first["type"] == "extra_forbidden":
-            reason = unknown_key_reason(first["loc"]) or reason
-        # cross-field validators raise ValueError("field: reason"): name the field too
-        field, sep, rest = reason.removeprefix("Value error, ").partition(": ")
-        if sep and re.fullmatch(r"[A-Za-z_][\w.-]*", field):
-            key = field if key == "params" else f"{key}.{field}"
-            reason = rest
-        raise ConfigError(key, reason) from None
-    check_params(params)
-    return params
+        raise config_error(err, root=Params) from None
 
 
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate ``params.yaml``."""
+def read_params(path: str | Path = "params.yaml") -> dict[str, Any]:
+    """The raw mapping of a params file; a ``ConfigError`` for a missing or broken file."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
@@ -131,68 +137,32 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         raise ConfigError("params", f"{path} is not valid YAML: {err}") from None
     if not isinstance(raw, dict):
         raise ConfigError("params", f"{path} must hold a mapping at the top level")
-    return parse_params(raw)
+    return raw
 
 
-# --------------------------------------------------------------------------- stage slices
-
-_SEARCH_KNOBS = (
-    "trials",
-    "concurrency",
-    "epochs_per_trial",
-    "grace_period",
-    "reduction_factor",
-    "seed",
-    "cpus_per_trial",
-)
-
-
-def run_slice(params: Params, key: str, search: bool = False) -> Params:
-    """The part of ``params`` that the train (or, with ``search``, the tune) stage of run
-    ``key`` reads, as a ``Params``: the run's entry, ``train.defaults/models/scale``,
-    ``tracking`` and its corpus' ``tokenize`` settings; a tuned run adds its search space,
-    ``search`` the search's own knobs. The stages pass on only this slice, so each
-    ``dvc.yaml`` stage declares exactly what its results depend on (tests/test_dvc.py);
-    ``tracking`` is read but not declared: it says where results are recorded, not what
-    they are (``stages.RECORDING_PARAMS``)."""
-    tuned = key in params.tune.runs
-    if not tuned and key not in params.train.runs:
-        raise ConfigError("train.runs", f"no run {key!r} in train.runs or tune.runs")
-    target = (params.tune.runs if tuned else params.train.runs)[key]
-    corpus = CorpusName(target.corpus)
-    tune: dict[str, Any] = {"runs": {}, "spaces": {}}
-    if tuned:
-        tune = {"runs": {key: target}, "spaces": {target.model: params.tune.spaces[target.model]}}
-    if search:
-        tune |= {name: getattr(params.tune, name) for name in _SEARCH_KNOBS}
-    return Params.model_construct(
-        corpora=(corpus,),
-        tokenize=TokenizeParams.model_construct(corpora={corpus: params.tokenize.corpora[corpus]}),
-        train=TrainParams.model_construct(
-            defaults=params.train.defaults,
-            models=params.train.models,
-            scale=params.train.scale,
-            runs={} if tuned else {key: target},
-        ),
-        tune=TuneParams.model_construct(**tune),
-        tracking=params.tracking,
-    )
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate ``params.yaml`` section by section (no cross-references: stages
+    call ``pipeline.plan.load_checked``)."""
+    return parse_params(read_params(path))
 
 
 __all__ = [
+    "ChatTargets",
     "CorpusEvaluateParams",
-    "CorpusName",
+    "CorpusKey",
     "CorpusParams",
+    "CorpusSource",
     "DecodeParams",
     "DecodeStrategy",
     "DownloadParams",
     "EvaluateParams",
+    "FileSource",
     "GenerateParams",
     "LMParams",
-    "OnError",
     "OptimizerKind",
     "OptimizerParams",
     "Params",
+    "PlacementParams",
     "PlacementStrategy",
     "Precision",
     "ReportParams",
@@ -207,8 +177,8 @@ __all__ = [
     "Section",
     "SelectParams",
     "Selection",
+    "SourceFormat",
     "SplitParams",
-    "Task",
     "TokenizeParams",
     "TrackingParams",
     "TrainParams",
@@ -219,7 +189,7 @@ __all__ = [
     "merge_params",
     "parse_params",
     "parse_run_key",
+    "read_params",
     "run_key",
     "run_label",
-    "run_slice",
 ]  # fmt: skip

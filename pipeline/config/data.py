@@ -7,10 +7,12 @@ from typing import Literal
 
 from pydantic import (
     Field,
+    field_validator,
     model_validator,
 )
 
-from pipeline.config.sections import CorpusName, OnError, Section
+from pipeline.config.sections import CorpusKey, Section
+from pipeline.names import OnError, Task
 
 # --------------------------------------------------------------------------- data
 
@@ -29,7 +31,7 @@ class DownloadParams(Section):
     )
     retries: int = Field(default=4, ge=0, le=20)
     timeout_s: float = Field(default=60.0, gt=0)
-    skip: dict[CorpusName, tuple[SplitName, ...]] = Field(
+    skip: dict[CorpusKey, tuple[SplitName, ...]] = Field(
         default_factory=dict,
         description="per corpus, splits whose files are not fetched (a machine with only "
         "MultiWOZ's validation and test files: {multiwoz21: [train]}, with train_on: valid)",
@@ -120,19 +122,97 @@ class LMParams(Section):
     max_sentence: int | None = Field(default=50, gt=1)
 
 
-class Task(enum.StrEnum):
-    """The three task kinds: ``generate`` (history -> response), ``select`` (context +
-    candidates -> scores), ``lm`` (documents of sentences). A corpus yields some of them
-    (``CorpusParams.tasks``); every registered model serves one (``registry.spec``)."""
+class SourceFormat(enum.StrEnum):
+    """The formats a corpus of one's own may come in (``pipeline.data.formats.chat`` and
+    ``pipeline.data.formats.convlab`` define them)."""
 
-    GENERATE = "generate"
-    SELECT = "select"
-    LM = "lm"
+    CHAT_JSONL = "chat_jsonl"
+    CONVLAB = "convlab_unified"
+
+
+class ChatTargets(enum.StrEnum):
+    """Which turns of a chat corpus are generation targets: every turn after the first, or
+    only the assistant's (or the user's)."""
+
+    ALL = "all"
+    ASSISTANT = "assistant"
+    USER = "user"
+
+
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+class FileSource(Section):
+    """One file of a declared corpus: a path in the project, an absolute path, or a
+    ``file://`` or ``https://`` URL, with its sha256 if known (then every fetch is verified
+    against it; otherwise the first fetch's digest is recorded and later ones checked)."""
+
+    file: str = Field(min_length=1)
+    sha256: str | None = Field(default=None, pattern=_SHA256)
+
+    @field_validator("file")
+    @classmethod
+    def _scheme(cls, file: str) -> str:
+        return _location(file)
+
+
+def _location(file: str) -> str:
+    scheme, sep, _ = file.partition("://")
+    if sep and scheme not in ("file", "https", "http"):
+        raise ValueError(f"a path, a file:// or an https:// URL, not {scheme}://")
+    return file
+
+
+class CorpusSource(Section):
+    """Where a corpus of one's own comes from and what format it is in: one ``file`` (split
+    by dialogue with the corpus' seeded ``split``; a ConvLab ``data.zip`` carries its own
+    splits) or one file per split (``splits``: train, valid and test)."""
+
+    format: SourceFormat
+    file: str | None = Field(default=None, min_length=1)
+    sha256: str | None = Field(default=None, pattern=_SHA256)
+    splits: dict[SplitName, FileSource] | None = None
+    targets: ChatTargets = Field(
+        default=ChatTargets.ALL,
+        description="chat_jsonl: the turns a generate example answers: all (every turn "
+        "after the first) or one role's (assistant, user)",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CorpusSource:
+        if (self.file is None) == (self.splits is None):
+            raise ValueError("file: give one file, or splits with a file per split")
+        if self.splits is not None:
+            missing = [s for s in ("train", "valid", "test") if s not in self.splits]
+            if missing:
+                raise ValueError(f"splits: add {', '.join(missing)} (or give one file)")
+            if self.sha256 is not None:
+                raise ValueError("sha256: give each split's sha256 under splits.<split>")
+        else:
+            assert self.file is not None
+            _location(self.file)
+        if self.format is SourceFormat.CONVLAB and self.splits is not None:
+            raise ValueError("splits: a ConvLab data.zip holds its own splits: give one file")
+        if self.format is not SourceFormat.CHAT_JSONL and self.targets is not ChatTargets.ALL:
+            raise ValueError("targets: a chat_jsonl setting (ConvLab corpora answer as the system)")
+        return self
+
+    def files(self) -> dict[str | None, FileSource]:
+        """The source files by the split they hold (``None``: every split, one file)."""
+        if self.splits is not None:
+            return dict(self.splits)
+        assert self.file is not None
+        return {None: FileSource(file=self.file, sha256=self.sha256)}
 
 
 class CorpusParams(Section):
     """How one corpus is turned into examples."""
 
+    source: CorpusSource | None = Field(
+        default=None,
+        description="a corpus of one's own: its file(s) and format (a built-in corpus has "
+        "none: pipeline.data.corpora knows its sources)",
+    )
     tasks: tuple[Task, ...] = (Task.GENERATE,)
     vocab: VocabParams = VocabParams()
     split: SplitParams = SplitParams()
@@ -169,4 +249,4 @@ class TokenizeParams(Section):
 
     on_error: OnError = OnError.RAISE
     shard_rows: int = Field(default=50_000, gt=0)
-    corpora: dict[CorpusName, CorpusParams] = Field(default_factory=dict)
+    corpora: dict[CorpusKey, CorpusParams] = Field(default_factory=dict)

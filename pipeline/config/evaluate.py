@@ -9,7 +9,7 @@ from pydantic import (
     field_validator,
 )
 
-from pipeline.config.sections import CorpusName, Section
+from pipeline.config.sections import CorpusKey, Section
 
 # --------------------------------------------------------------------------- tracking
 
@@ -109,7 +109,7 @@ class EvaluateParams(Section):
     max_batches: int | None = Field(
         default=None, gt=0, description="quick runs: only the first N test batches"
     )
-    corpora: dict[CorpusName, CorpusEvaluateParams] = Field(
+    corpora: dict[CorpusKey, CorpusEvaluateParams] = Field(
         default_factory=dict,
         description="per corpus, the keys that differ (max_batches, decodes)",
     )
@@ -148,11 +148,11 @@ class EvaluateParams(Section):
                 raise ValueError(f"{name}: {err}") from None
         return models
 
-    def for_corpus(self, corpus: CorpusName | str) -> EvaluateParams:
+    def for_corpus(self, corpus: str) -> EvaluateParams:
         """These settings with the keys ``corpora.<corpus>`` sets replaced."""
         if corpus not in self.corpora:
             return self
-        own = self.corpora[CorpusName(corpus)]
+        own = self.corpora[corpus]
         update = {name: getattr(own, name) for name in own.model_fields_set}
         if "decodes" in update:  # they replace every model's decodings on this corpus
             update["models"] = {}

@@ -1,31 +1,20 @@
-"""The shared base of every params section, and the names params use as keys."""
+"""The shared base of every params section, and the type of the names params use as keys."""
 
 from __future__ import annotations
 
-import enum
+from typing import Annotated
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-)
+from pydantic import BaseModel, ConfigDict, StringConstraints
 
 
 class Section(BaseModel):
-    """Base of every params section: frozen, no unknown keys."""
+    """Base of every params section: frozen, no unknown keys, no NaN or infinite numbers
+    (``lr: .inf`` is refused before any compute, not found as a diverged run)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class CorpusName(enum.StrEnum):
-    CHITCHAT = "chitchat"
-    PTB = "ptb"
-    PERSONACHAT = "personachat"
-    MULTIWOZ = "multiwoz"
-    MULTIWOZ21 = "multiwoz21"
-    CORNELL = "cornell"
-    DSTC7 = "dstc7"
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
-class OnError(enum.StrEnum):
-    RAISE = "raise"
-    SKIP = "skip"
+# A corpus name: a built-in one (``pipeline.names.CorpusName``) or one a user declares with
+# its source (``tokenize.corpora.<name>.source``). No ``-``: run keys join model, corpus and
+# variant with it (``hier-chitchat``).
+CorpusKey = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*$")]

@@ -12,7 +12,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.config.sections import CorpusName, Section
+from pipeline.config.sections import CorpusKey, Section
 from pipeline.errors import ConfigError
 
 # --------------------------------------------------------------------------- train
@@ -171,7 +171,7 @@ class RunTarget(Section):
     ``<model>-<corpus>-<variant>`` for a further run of the same pair (a sweep)."""
 
     model: str = Field(min_length=1)
-    corpus: CorpusName
+    corpus: CorpusKey
     variant: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9_.]*$",
@@ -198,16 +198,16 @@ def run_key(model: str, corpus: str, variant: str | None = None) -> str:
     return f"{model}-{corpus}" + (f"-{variant}" if variant else "")
 
 
-def parse_run_key(key: str) -> tuple[str, CorpusName, str | None]:
+def parse_run_key(key: str) -> tuple[str, str, str | None]:
     """``(model, corpus, variant)`` of a run key (``run_key``'s inverse: model names,
-    corpus names and variants hold no ``-``); a ``ConfigError`` for anything else."""
+    corpus names and variants hold no ``-``); a ``ConfigError`` for anything else. Whether
+    the model and the corpus exist is the params check's business (``pipeline.plan``)."""
     parts = key.split("-")
-    corpus = parts[1] if len(parts) in (2, 3) else None
-    if corpus not in {c.value for c in CorpusName} or not parts[0]:
+    if len(parts) not in (2, 3) or not all(parts):
         raise ConfigError(
             "runs", f"{key!r} is no run key: <model>-<corpus>[-<variant>], e.g. hier-multiwoz"
         )
-    return parts[0], CorpusName(corpus), parts[2] if len(parts) == 3 else None
+    return parts[0], parts[1], parts[2] if len(parts) == 3 else None
 
 
 def run_label(model: str, variant: str | None) -> str:
@@ -231,20 +231,27 @@ class PlacementStrategy(enum.StrEnum):
 
 
 class ScaleParams(Section):
-    """Where training runs: in-process (``num_workers: 0``) or on Ray Train workers."""
+    """How many Ray Train workers a run trains on: part of what a run computes (the global
+    batch is split over them, worker r seeds ``seed + r``), so a dependency of its stages."""
 
     num_workers: int = Field(default=0, ge=0, description="0 = local, in-process, no Ray")
+
+
+class PlacementParams(Section):
+    """Where a run's workers go: not what they compute, so changing it re-runs nothing (no
+    DVC dependency; ``stages.UNDECLARED_PARAMS``)."""
+
     use_gpu: bool | None = Field(default=None, description="null = use GPUs if present")
     cpus_per_worker: float = Field(default=1.0, gt=0)
     gpus_per_worker: float = Field(default=1.0, gt=0, description="with use_gpu only")
-    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+    strategy: PlacementStrategy = PlacementStrategy.PACK
     max_failures: int = Field(
         default=0, ge=-1, description="worker-group restarts from the last checkpoint (-1: always)"
     )
     storage_path: str | None = Field(
         default=None,
         description="runs and checkpoints: an absolute path or URI shared by every node "
-        "(multi-node); default <project>/runs/ray, or $HIERTX_STORAGE_PATH",
+        "(multi-node); default $HIERTX_STORAGE_PATH, else <project>/runs/ray",
     )
 
 
@@ -259,6 +266,7 @@ class TrainParams(Section):
         default_factory=dict, description="untuned runs `dvc repro` trains (stage train@<key>)"
     )
     scale: ScaleParams = ScaleParams()
+    placement: PlacementParams = PlacementParams()
 
     @model_validator(mode="after")
     def _keys(self) -> TrainParams:

@@ -1,22 +1,6 @@
-"""Data layer: corpus sources and parsers -> ``Dialogue`` records (tokenization lives beside it).
+"""Data layer: corpus sources and parsers -> ``Dialogue`` records -> tokenized example shards.
 
-``read_corpus(name, root, split)`` is the entry point; ``pipeline.data.corpora.CORPORA``
-lists the corpora, ``pipeline.data.download`` fetches them.
+``pipeline.data.corpora.read_corpus(name, root, split)`` reads a corpus, built-in or declared
+in params; ``pipeline.data.download`` fetches it, ``pipeline.data.tokenize`` turns it into
+shards, ``pipeline.data.loader`` batches them. Importing this package loads none of them.
 """
-
-from pipeline.data.corpora import CORPORA, CorpusSpec, SourceFile, read_corpus
-from pipeline.data.dialogue import Dialogue, Turn
-from pipeline.data.formats import ParseStats
-from pipeline.data.splits import Split, assign_splits
-
-__all__ = [
-    "CORPORA",
-    "CorpusSpec",
-    "Dialogue",
-    "ParseStats",
-    "SourceFile",
-    "Split",
-    "Turn",
-    "assign_splits",
-    "read_corpus",
-]

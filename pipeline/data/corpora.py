@@ -1,5 +1,9 @@
 """The corpus registry (where each corpus comes from, which parser reads it) and ``read_corpus``.
 
+Built-in corpora are :data:`CORPORA`; a corpus declared in params
+(``tokenize.corpora.<name>.source``) gets its spec from the declaration
+(``pipeline.data.declared``), so every stage asks :func:`corpus_spec` the same questions.
+
 ``sha256=None`` on a source file means trust on first use: the download stage records the
 digest it got in ``data/raw/<corpus>/SOURCES.json``, warns, and verifies later fetches
 against it. ``mirror_path`` is the file's place in a mirror folder laid out like the test
@@ -15,7 +19,9 @@ from pathlib import Path, PurePosixPath
 from types import MappingProxyType
 from urllib.parse import urlparse
 
-from pipeline.config import OnError, SplitParams
+from pipeline.artifacts import SOURCES_FILE, DownloadRecord
+from pipeline.config import CorpusSource, SourceFormat, SplitParams
+from pipeline.data import declared
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.formats import (
     ParseContext,
@@ -29,6 +35,7 @@ from pipeline.data.formats import (
 )
 from pipeline.data.splits import Split
 from pipeline.errors import ConfigError, DataError
+from pipeline.names import OnError
 
 Parser = Callable[..., Iterator[Dialogue]]
 
@@ -62,13 +69,15 @@ class CorpusSpec:
     ``package`` names that distribution, whose version ``SOURCES.json`` records.
 
     Traits, asked by every stage instead of the corpus' name:
-    ``task_oriented``: dialogues annotated with dialogue acts and belief states, answered
-    as the system, scored against the databases (Inform/Success): an act inventory is
-    built, act models (HIER++, SET++, HIER-CLS) can run, and responses may be
-    delexicalised. ``bleu_tokenize``: sacrebleu's tokenizer for its BLEU: ``13a`` for
+    ``acts``: dialogues annotated with dialogue acts (and belief states): an act
+    inventory is built, act models (HIER++, SET++, HIER-CLS) can run, and responses may be
+    delexicalised. ``responder``: the speaker whose turns are generation targets (None:
+    every turn after the first). ``task_oriented``: MultiWOZ, scored against its databases
+    (Inform/Success). ``bleu_tokenize``: sacrebleu's tokenizer for its BLEU: ``13a`` for
     detokenised text; ``none`` (split on spaces, as the MultiWOZ scorers) for MultiWOZ,
     whose pipeline text is tokenised and carries ``[domain_slot]`` placeholders that
-    ``13a`` would cut in three.
+    ``13a`` would cut in three. ``declared``: the params declaration of a corpus of one's
+    own (None for built-in corpora).
     """
 
     name: str
@@ -77,8 +86,11 @@ class CorpusSpec:
     note: str
     bundled: Callable[[], Path] | None = None
     package: str | None = None
+    acts: bool = False
+    responder: str | None = None
     task_oriented: bool = False
     bleu_tokenize: str = "13a"
+    declared: CorpusSource | None = None
 
     @property
     def options(self) -> frozenset[str]:
@@ -142,6 +154,23 @@ def _convlab(base: str, folder: str, val_sha: str, test_sha: str) -> tuple[Sourc
     )
 
 
+def _multiwoz(
+    name: str, base: str, folder: str, val_sha: str, test_sha: str, what: str
+) -> CorpusSpec:
+    """A MultiWOZ release from ConvLab: its zips, the databases and the split lists."""
+    return CorpusSpec(
+        name,
+        multiwoz.read,
+        _convlab(base, folder, val_sha, test_sha),
+        f"{what} + databases and split lists. train.json.zip has no pinned digest (trust "
+        "on first use).",
+        acts=True,
+        responder=multiwoz.SYSTEM,
+        task_oriented=True,
+        bleu_tokenize="none",
+    )
+
+
 CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
     {
         spec.name: spec
@@ -191,33 +220,21 @@ CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
                 "PersonaChat in ParlAI text form (train/valid/test, self/other/both/none "
                 "personas, original/revised, with and without candidates); ~220 MB.",
             ),
-            CorpusSpec(
+            _multiwoz(
                 "multiwoz",
-                multiwoz.read,
-                _convlab(
-                    _CONVLAB1,
-                    "convlab1",
-                    "567bc850317bbf1043c53ceb5c39ddb2799a6e381332eb8eea7e79a574396d2d",
-                    "5da404d80e9a6a1c1cc5e49c06b2f78e6597081e46ff2d6a882f4c94a9c2df4f",
-                ),
-                "MultiWOZ 2.0 with user acts (ConvLab-1 zips) + databases and split lists. "
-                "train.json.zip has no pinned digest (trust on first use).",
-                task_oriented=True,
-                bleu_tokenize="none",
+                _CONVLAB1,
+                "convlab1",
+                "567bc850317bbf1043c53ceb5c39ddb2799a6e381332eb8eea7e79a574396d2d",
+                "5da404d80e9a6a1c1cc5e49c06b2f78e6597081e46ff2d6a882f4c94a9c2df4f",
+                "MultiWOZ 2.0 with user acts (ConvLab-1 zips)",
             ),
-            CorpusSpec(
+            _multiwoz(
                 "multiwoz21",
-                multiwoz.read,
-                _convlab(
-                    _CONVLAB2,
-                    "convlab2",
-                    "25ddfd4d0b01304012b54e2d98caa038c91d95295c4b519cc721b9b616f506dc",
-                    "438deb6ff5402cef5ff29cc0d5a10db818c1e9142727c1d631e71b563c66a5b4",
-                ),
-                "MultiWOZ 2.1 with user acts (ConvLab-2 zips) + databases and split lists. "
-                "train.json.zip has no pinned digest (trust on first use).",
-                task_oriented=True,
-                bleu_tokenize="none",
+                _CONVLAB2,
+                "convlab2",
+                "25ddfd4d0b01304012b54e2d98caa038c91d95295c4b519cc721b9b616f506dc",
+                "438deb6ff5402cef5ff29cc0d5a10db818c1e9142727c1d631e71b563c66a5b4",
+                "MultiWOZ 2.1 with user acts (ConvLab-2 zips)",
             ),
             CorpusSpec(
                 "cornell",
@@ -253,14 +270,51 @@ CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
 )
 
 
-def corpus_spec(name: str) -> CorpusSpec:
-    """The registry entry of ``name``; a ``ConfigError`` listing the choices otherwise."""
-    try:
+def corpus_spec(name: str, source: CorpusSource | None = None) -> CorpusSpec:
+    """The spec of built-in corpus ``name``, or of the corpus declared as ``source``; a
+    ``ConfigError`` listing the built-in names otherwise."""
+    if name in CORPORA:
         return CORPORA[name]
-    except KeyError:
+    if source is None:
         raise ConfigError(
-            "corpus", f"unknown corpus {name!r}; choose one of {sorted(CORPORA)}"
-        ) from None
+            "corpus",
+            f"unknown corpus {name!r}; built in: {sorted(CORPORA)}, or declare its file and "
+            f"format under tokenize.corpora.{name}.source",
+        )
+    return declared_spec(name, source)
+
+
+def declared_spec(name: str, source: CorpusSource) -> CorpusSpec:
+    """The spec of a corpus declared in params (``pipeline.data.declared``)."""
+    files = tuple(
+        SourceFile(
+            url=file.file,
+            sha256=file.sha256,
+            mirror_path="",
+            target=declared.target_name(file, split),
+            split=split,
+        )
+        for split, file in source.files().items()
+    )
+    return CorpusSpec(
+        name=name,
+        parser=declared.read_declared,
+        files=files,
+        note=f"declared in params: {source.format.value} from {', '.join(f.url for f in files)}",
+        acts=source.format is SourceFormat.CONVLAB,
+        responder=declared.responder(source),
+        declared=source,
+    )
+
+
+def declared_reader_spec(name: str, root: str | Path | None) -> CorpusSpec:
+    """The spec of a declared corpus, from what its download folder ``root`` records."""
+    if root is None:
+        raise DataError("<root>", f"{name} is no built-in corpus: give its download folder")
+    record = DownloadRecord.read(Path(root) / SOURCES_FILE)
+    if record.declared is None:
+        raise DataError(Path(root) / SOURCES_FILE, f"{name} is no built-in corpus nor declared")
+    return declared_spec(name, record.declared)
 
 
 def read_corpus(
@@ -273,7 +327,8 @@ def read_corpus(
     split_params: SplitParams | None = None,
     **options: object,
 ) -> Iterator[Dialogue]:
-    """Dialogues of corpus ``name`` read from the folder ``root`` holding its original files.
+    """Dialogues of corpus ``name`` read from the folder ``root`` holding its original files
+    (a declared corpus: its download folder, whose ``SOURCES.json`` says how to read it).
 
     ``split``: train/valid/test or None for all; each dialogue carries ``meta["split"]``.
     ``on_error="skip"`` skips malformed records instead of raising ``DataError``; pass a
@@ -284,7 +339,7 @@ def read_corpus(
     ``sentences_per_document`` for ptb or ``variant`` for personachat.
     Arguments are checked now; files are read as the iterator is consumed.
     """
-    spec = corpus_spec(name)
+    spec = corpus_spec(name) if name in CORPORA else declared_reader_spec(name, root)
     part = Split.parse(split) if isinstance(split, str) else split
     try:
         policy = OnError(on_error)
@@ -293,8 +348,7 @@ def read_corpus(
     unknown = sorted(set(options) - spec.options)
     if unknown:
         raise ConfigError(f"read_corpus.{unknown[0]}", f"{name} takes only {sorted(spec.options)}")
-    if split_params is not None and "split_params" in spec.options:
-        options["split_params"] = split_params
+
     path = Path(root) if root is not None else None
     if path is None and spec.bundled is None:
         raise DataError(
@@ -302,5 +356,7 @@ def read_corpus(
         )
     if path is not None and not path.is_dir():
         raise DataError(path, f"no such folder; run `python -m stages.download {name}` first")
-    ctx = ParseContext(policy, stats if stats is not None else ParseStats())
+    ctx = ParseContext(
+        policy, stats if stats is not None else ParseStats(), split_params or SplitParams()
+    )
     return spec.parser(path, part, ctx, **options)

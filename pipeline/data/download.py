@@ -40,7 +40,8 @@ from rich.progress import (
 )
 
 from pipeline.artifacts import SOURCES_FILE, DownloadRecord, VerifiedFile
-from pipeline.config import DownloadParams
+from pipeline.config import CorpusSource, DownloadParams, FileSource
+from pipeline.data import declared
 from pipeline.data.archive import extract
 from pipeline.data.corpora import CorpusSpec, SourceFile, corpus_spec
 from pipeline.errors import DataError, DownloadError
@@ -304,13 +305,21 @@ def _copy_bundled(spec: CorpusSpec, folder: Path) -> dict[str, VerifiedFile]:
 
 
 def download_spec(
-    spec: CorpusSpec, dest_dir: str | Path, params: DownloadParams, progress: bool = True
+    spec: CorpusSpec,
+    dest_dir: str | Path,
+    params: DownloadParams,
+    progress: bool = True,
+    root: str | Path = ".",
 ) -> Path:
-    """``download_corpus`` for a spec that need not be in the registry."""
+    """``download_corpus`` for a spec that need not be in the registry (``root``: the
+    project, which a declared corpus's relative paths start from)."""
     folder = Path(dest_dir) / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     record = DownloadRecord(corpus=spec.name, package=spec.package)
-    if spec.bundled is not None:
+    if spec.declared is not None:
+        files, split_files = _declared_files(spec, folder, params, progress, Path(root))
+        record = record.model_copy(update={"declared": spec.declared, "split_files": split_files})
+    elif spec.bundled is not None:
         files = _copy_bundled(spec, folder)
     else:
         recorded = _read_sources(folder)
@@ -337,13 +346,64 @@ def download_spec(
     return folder
 
 
+def link_local(
+    name: str, split: str | None, file: FileSource, folder: Path, root: Path
+) -> VerifiedFile:
+    """Link ``folder/<target>`` to a declared local file and verify it (module docstring)."""
+    where = f"tokenize.corpora.{name}.source" + (f".splits.{split}" if split else "")
+    path = declared.local_path(file.file, root)
+    if not path.is_file():
+        raise DownloadError(f"{where}.file: no such file {path} (relative paths are from {root})")
+    actual = sha256_file(path)
+    if file.sha256 is not None and actual != file.sha256:
+        raise DownloadError(
+            f"{where}.sha256: {file.file} has sha256 {actual}, not the declared {file.sha256}: "
+            "the file changed; update the sha256 if the change is yours"
+        )
+    resolved = path.resolve()
+    inside = resolved.is_relative_to(root.resolve())
+    target = os.path.relpath(resolved, folder.resolve()) if inside else str(resolved)
+    link = folder / declared.target_name(file, split)
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+    return VerifiedFile(
+        url=file.file, sha256=actual, bytes=path.stat().st_size, pinned=file.sha256 is not None
+    )
+
+
+def _declared_files(
+    spec: CorpusSpec, folder: Path, params: DownloadParams, progress: bool, root: Path
+) -> tuple[dict[str, VerifiedFile], dict[str, str]]:
+    """A declared corpus's files: local ones linked, URLs fetched (``data.declared``);
+    and which file holds which split."""
+    recorded = _read_sources(folder)
+    files: dict[str, VerifiedFile] = {}
+    split_files: dict[str, str] = {}
+    for file in spec.files:
+        if declared.is_local(file.url):
+            source = FileSource(file=file.url, sha256=file.sha256)
+            files[file.path] = link_local(spec.name, file.split, source, folder, root)
+        else:
+            files[file.path] = _fetch_source(
+                file, folder, recorded.get(file.path), params, progress
+            )
+        split_files[file.split or declared.WHOLE] = file.path
+    return files, split_files
+
+
 def download_corpus(
-    name: str, dest_dir: str | Path, params: DownloadParams, progress: bool = True
+    name: str,
+    dest_dir: str | Path,
+    params: DownloadParams,
+    progress: bool = True,
+    source: CorpusSource | None = None,
 ) -> Path:
-    """Fetch, verify and extract every file of corpus ``name`` into ``<dest_dir>/<name>/``.
+    """Fetch, verify and extract every file of corpus ``name`` into ``<dest_dir>/<name>/``
+    (``source``: its declaration, for a corpus of one's own; relative paths in it are from
+    the working folder, the project root where stages run).
 
     Files already there and matching their (pinned or recorded) sha256 are not fetched
     again. ``chitchat`` copies the installed package's ``dataset.json`` (no network).
     Returns the corpus folder, which ``read_corpus(name, root=...)`` reads.
     """
-    return download_spec(corpus_spec(name), dest_dir, params, progress)
+    return download_spec(corpus_spec(name, source), dest_dir, params, progress)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -110,25 +111,31 @@ def build_select(
     ``generated``: the ``build_generate`` table of the same dialogues and ``history``
     params; its histories (the same rows) are reused instead of rebuilt.
     """
+    rule = _Rule(params, history, split, seed)
     own = [d for d in dialogues if d.candidates is not None and d.utterances]
     sampled = [d for d in dialogues if d.candidates is None]
     if own and sampled:  # not met in the corpora: a slow but simple merge
-        both = [*_own_candidates(own, params, history, split, seed),
-                *_sampled_candidates(sampled, params, history, split, seed)]  # fmt: skip
+        both = [*_own_candidates(own, rule), *_sampled_candidates(sampled, rule)]
         return ExampleTable.from_examples(both, SelectExample)
     if own:
-        return _own_candidates(own, params, history, split, seed)
-    return _sampled_candidates(sampled, params, history, split, seed, generated)
+        return _own_candidates(own, rule)
+    return _sampled_candidates(sampled, rule, generated)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """How the select examples of one split are built (``build_select``'s arguments)."""
+
+    params: SelectParams
+    history: GenerateParams
+    split: str
+    seed: int
 
 
 def _sampled_candidates(
-    dialogues: Sequence[EncodedDialogue],
-    params: SelectParams,
-    history: GenerateParams,
-    split: str,
-    seed: int,
-    generated: ExampleTable | None = None,
+    dialogues: Sequence[EncodedDialogue], rule: _Rule, generated: ExampleTable | None = None
 ) -> ExampleTable:
+    params, history, split, seed = rule.params, rule.history, rule.split, rule.seed
     train = split == Split.TRAIN
     n = params.n_candidates_train if train else params.n_candidates_eval
     key = "select.n_candidates_train" if train else "select.n_candidates_eval"
@@ -239,13 +246,8 @@ def draw_negatives(
     return None
 
 
-def _own_candidates(
-    dialogues: Sequence[EncodedDialogue],
-    params: SelectParams,
-    history: GenerateParams,
-    split: str,
-    seed: int,
-) -> ExampleTable:
+def _own_candidates(dialogues: Sequence[EncodedDialogue], rule: _Rule) -> ExampleTable:
+    params, history, split, seed = rule.params, rule.history, rule.split, rule.seed
     flat = FlatSplit(dialogues)
     kept: list[list[int]] = []
     responders = []

@@ -18,7 +18,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from pipeline.artifacts import ACTS_FILE, VOCAB_FILE, TokenizeRecord
-from pipeline.config import Task
 from pipeline.data.acts import ActInventory
 from pipeline.data.batch import Batch, GenerateBatch, History, LMBatch, SelectBatch
 from pipeline.data.records import (
@@ -33,6 +32,7 @@ from pipeline.data.resample import TrainingDraws
 from pipeline.data.shards import ShardTable, read_manifest
 from pipeline.data.vocab import Vocab
 from pipeline.errors import DataError
+from pipeline.names import Task
 
 __all__ = [
     "BatchLoader",

@@ -8,11 +8,14 @@ records by index.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from pipeline.names import Task
 
 INT = np.int32
 _EMPTY = np.zeros(0, dtype=INT)
@@ -22,8 +25,8 @@ _EMPTY = np.zeros(0, dtype=INT)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class GenerateExample:
-    """History -> response. ``acts`` holds indices into the :class:`ActInventory`."""
+class HistoryExample:
+    """What every dialogue example has: where it is from and its (flattened) history."""
 
     dialogue_id: str
     turn: int
@@ -31,6 +34,12 @@ class GenerateExample:
     utt_index: np.ndarray
     utt_pos: np.ndarray
     speaker: np.ndarray
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GenerateExample(HistoryExample):
+    """History -> response. ``acts`` holds indices into the :class:`ActInventory`."""
+
     target_ids: np.ndarray
     acts: np.ndarray | None = None
     belief_ids: np.ndarray | None = None
@@ -38,7 +47,7 @@ class GenerateExample:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class SelectExample:
+class SelectExample(HistoryExample):
     """History + candidates; ``labels[i]`` = 1 if candidate i is a correct response.
 
     ``candidate_ids`` is any sequence of int arrays. Knowledge flags (DSTC7 Advising) are
@@ -46,12 +55,6 @@ class SelectExample:
     course suggested to the student.
     """
 
-    dialogue_id: str
-    turn: int
-    input_ids: np.ndarray
-    utt_index: np.ndarray
-    utt_pos: np.ndarray
-    speaker: np.ndarray
     candidate_ids: Sequence[np.ndarray]
     labels: np.ndarray
     context_knowledge: np.ndarray | None = None
@@ -68,6 +71,11 @@ class LMExample:
 
 
 Example = GenerateExample | SelectExample | LMExample
+EXAMPLE_TYPES: dict[Task, type] = {
+    Task.GENERATE: GenerateExample,
+    Task.SELECT: SelectExample,
+    Task.LM: LMExample,
+}
 KNOWLEDGE_PRIOR = 1
 KNOWLEDGE_SUGGESTED = 2
 N_KNOWLEDGE = 2
@@ -77,7 +85,7 @@ def examples_equal(a: Example, b: Example) -> bool:
     """Field-by-field equality (dataclass ``==`` cannot compare numpy arrays)."""
     if type(a) is not type(b):
         return False
-    return all(_value_equal(getattr(a, f), getattr(b, f)) for f in a.__slots__)
+    return all(_value_equal(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
 
 
 def _value_equal(x: Any, y: Any) -> bool:
@@ -240,7 +248,7 @@ class ExampleTable(Sequence):
         if any(type(e) is not kind for e in examples):
             raise TypeError("a table holds examples of one task kind")
         columns: dict[str, Column] = {}
-        for name in kind.__slots__:
+        for name in (f.name for f in dataclasses.fields(kind)):
             values = [getattr(e, name) for e in examples]
             columns[name] = _pack(name, values)
         return cls(kind, columns, len(examples))

@@ -46,13 +46,14 @@ from typing import Any
 import numpy as np
 
 from pipeline.artifacts import TokenizeRecord
-from pipeline.config import SelectParams, Task
+from pipeline.config import SelectParams
 from pipeline.data.examples import counter_draws, draw_negatives, draws_below, training_subset
 from pipeline.data.records import INT, Nested, Packed, Rows, SelectExample, lengths_to_offsets
 from pipeline.data.shards import ShardTable
 from pipeline.data.special import EOS_ID, SPEAKER_OTHER, SPEAKER_SELF
 from pipeline.data.splits import Split
 from pipeline.errors import DataError
+from pipeline.names import Task
 
 __all__ = ["TrainingDraws", "draws_key", "epoch_seed", "select_params"]
 
@@ -69,8 +70,9 @@ def epoch_seed(seed: int, epoch: int, index: int, stream: str) -> int:
 def select_params(manifest: TokenizeRecord) -> SelectParams:
     """The select params a tokenized folder was built with (defaults for a manifest written
     before a field existed)."""
-    raw = manifest.params.get("corpus", {}).get("select", {})
-    return SelectParams.model_validate(raw)
+    if manifest.params is None:
+        return SelectParams()
+    return manifest.params.corpus.select
 
 
 def draws_key(manifest: TokenizeRecord) -> str:

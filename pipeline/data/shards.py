@@ -39,18 +39,17 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.artifacts import MANIFEST_FILE, ShardFile, TokenizeRecord
-from pipeline.config import Task
 from pipeline.data.records import (
+    EXAMPLE_TYPES,
     Column,
     Example,
     ExampleTable,
-    GenerateExample,
-    LMExample,
     Nested,
     Packed,
     SelectExample,
 )
 from pipeline.errors import DataError
+from pipeline.names import Task
 
 SCHEMA_VERSION = 1  # of the Arrow files (their metadata); the manifest's is its record's
 _META_TASK = b"hiertx.task"
@@ -60,12 +59,6 @@ _ROWS, _POOL = b"rows", b"pool"
 # Select fields stored in the pool, and the row column that points into it.
 _POOL_FIELDS = ("candidate_ids", "candidate_knowledge")
 _REFS = "candidate_refs"
-
-EXAMPLE_TYPES: dict[Task, type] = {
-    Task.GENERATE: GenerateExample,
-    Task.SELECT: SelectExample,
-    Task.LM: LMExample,
-}
 
 
 def task_of_kind(kind: type) -> Task:

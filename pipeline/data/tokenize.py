@@ -9,7 +9,7 @@ the examples of each task the corpus's params ask for, and writes them with
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +21,22 @@ from pipeline.artifacts import (
     DownloadRecord,
     ShardFile,
     TokenizeRecord,
+    TokenizeSettings,
 )
-from pipeline.config import CorpusName, CorpusParams, Params, SplitParams, Task, TokenizeParams
+from pipeline.config import CorpusParams, Params, SplitParams, TokenizeParams
 from pipeline.data.acts import ActInventory
-from pipeline.data.corpora import corpus_spec, read_corpus
+from pipeline.data.corpora import CorpusSpec, corpus_spec, read_corpus
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.encoding import EncodedDialogue, EncodeOptions, encode_dialogues, vocab_texts
 from pipeline.data.examples import build_generate, build_lm, build_select
-from pipeline.data.formats import ParseStats, multiwoz
+from pipeline.data.formats import ParseStats
 from pipeline.data.records import ExampleTable
 from pipeline.data.shards import write_manifest, write_shards
 from pipeline.data.special import MODEL_ONLY_TOKENS
 from pipeline.data.splits import Split, assign_splits
-from pipeline.data.vocab import build_vocab
+from pipeline.data.vocab import Vocab, build_vocab
 from pipeline.errors import ConfigError, DataError
+from pipeline.names import Task
 from pipeline.progress import Mode, Reporter
 
 
@@ -43,8 +45,8 @@ def read_splits(
 ) -> dict[str, list[Dialogue]]:
     """The corpus's dialogues by split (train, valid, test order), at most
     ``max_dialogues`` per split."""
-    corpus = params.corpora[CorpusName(name)]
-    spec = corpus_spec(name)
+    corpus = params.corpora[name]
+    spec = corpus_spec(name, corpus.source)
     root = raw_dir
     if spec.bundled is not None and (raw_dir is None or not raw_dir.is_dir()):
         root = None  # shipped in a package: the raw folder is optional
@@ -96,12 +98,13 @@ def _valid_as_train(dialogues: Iterable[Dialogue], split: SplitParams) -> list[D
     ]
 
 
-def encode_options(name: str, corpus: CorpusParams, train: list[Dialogue]) -> EncodeOptions:
-    """Corpus-specific encoding: MultiWOZ answers as the system, with acts and belief."""
-    if corpus_spec(name).task_oriented:
+def encode_options(spec: CorpusSpec, corpus: CorpusParams, train: list[Dialogue]) -> EncodeOptions:
+    """Corpus-specific encoding: which speaker answers (``spec.responder``) and, for corpora
+    with dialogue acts, the act inventory of the training dialogues."""
+    if spec.acts:
         inventory = ActInventory.from_dialogues(train)
-        return EncodeOptions(multiwoz.SYSTEM, inventory, corpus.generate.delexicalize)
-    return EncodeOptions()
+        return EncodeOptions(spec.responder, inventory, corpus.generate.delexicalize)
+    return EncodeOptions(spec.responder)
 
 
 def build_examples(
@@ -139,24 +142,21 @@ def tokenize_corpus(
     ``params``: the ``tokenize`` section (or all of params.yaml). The vocabulary and act
     inventory come from the training split only; every split gets the examples of every
     task in ``tokenize.corpora.<name>.tasks``. Malformed records raise, or are skipped and
-    counted with ``tokenize.on_error: skip``. ``raw_dir`` may be None (or missing) for a
-    corpus shipped in a package (chitchat). ``progress``: a line per step (reading,
-    vocabulary, each split's encoding and each task's examples), or a bar on a terminal
-    (``pipeline.progress``).
+    counted (by file and by reason) with ``tokenize.on_error: skip``. ``raw_dir`` may be
+    None (or missing) for a corpus shipped in a package (chitchat). ``progress``: a line
+    per step (reading, vocabulary, each split's encoding and each task's examples), or a
+    bar on a terminal (``pipeline.progress``).
     """
     if isinstance(params, Params):
         params = params.tokenize
-    try:
-        corpus = params.corpora[CorpusName(name)]
-    except (KeyError, ValueError):
-        raise ConfigError(
-            f"tokenize.corpora.{name}", "no settings for this corpus in params.yaml"
-        ) from None
+    if name not in params.corpora:
+        raise ConfigError(f"tokenize.corpora.{name}", "no settings for this corpus in params.yaml")
+    corpus = params.corpora[name]
     raw = Path(raw_dir) if raw_dir is not None else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST_FILE).unlink(missing_ok=True)  # an interrupted run leaves no manifest
-    tasks = tuple(dict.fromkeys(corpus.tasks))
+    tasks = tuple(sorted(dict.fromkeys(corpus.tasks), key=list(Task).index))  # generate first
     stats = ParseStats()
     bar = Reporter(
         f"tokenize {name}",
@@ -165,11 +165,6 @@ def tokenize_corpus(
         every_s=0,  # a line per step: a dozen at most, each long on a large corpus
         info="reading the corpus",
     )
-
-    def advance(next_step: str) -> None:
-        bar.update(info=next_step)
-        bar.advance()
-
     with bar:
         by_split = read_splits(name, raw, params, stats)
         bar.update(total=2 + len(by_split) * (1 + len(tasks)))
@@ -177,63 +172,101 @@ def tokenize_corpus(
         if not train:
             where = raw if raw is not None else name
             raise DataError(where, "no training dialogues: the vocabulary is built from train")
-        advance("building the vocabulary")
-        options = encode_options(name, corpus, train)
-        reserved = (
-            options.inventory.placeholders if options.delexicalize and options.inventory else ()
-        )
-        vocab = build_vocab(vocab_texts(train, options), corpus.vocab, reserved)
-        vocab.save(out / VOCAB_FILE)
-        if options.inventory is not None:
-            options.inventory.save(out / ACTS_FILE)
-        shards: dict[str, dict[str, list[ShardFile]]] = {t.value: {} for t in tasks}
-        target_tokens: dict[str, dict[str, int]] = {t.value: {} for t in tasks}
-        pools: dict[str, ShardFile] = {}
+        _advance(bar, "building the vocabulary")
+        options = encode_options(corpus_spec(name, corpus.source), corpus, train)
+        vocab = _vocabulary(train, options, corpus, out)
+        written = _Written.empty(tasks)
         for split, dialogues in by_split.items():
-            advance(f"encoding {split} ({len(dialogues):,} dialogues)")
+            _advance(bar, f"encoding {split} ({len(dialogues):,} dialogues)")
             encoded = encode_dialogues(dialogues, vocab, options)
             generated = None
-            for task in sorted(tasks, key=list(Task).index):  # generate first: select reuses it
-                advance(f"{task.value} examples of {split}")
+            for task in tasks:
+                _advance(bar, f"{task.value} examples of {split}")
                 try:
                     examples = build_examples(task, encoded, corpus, split, generated)
                 except ConfigError as err:
-                    raise ConfigError(f"tokenize.corpora.{name}.{err.key}", err.reason) from None
-                if task is Task.GENERATE:
-                    generated = examples
-                target_tokens[task.value][split] = examples.scored_tokens()
-                files = write_shards(out, task, split, examples, params.shard_rows)
-                shards[task.value][split] = files.shards
-                if files.pool is not None:
-                    pools[split] = files.pool
-        advance("")  # the last step done: the reporter's final line says so
-    for stale in Task:
-        if stale not in tasks:
-            for path in (out / stale.value).glob("*.arrow"):
-                path.unlink()
-    inventory = options.inventory
-    manifest = TokenizeRecord(
-        corpus=name,
-        vocab_hash=vocab.content_hash,
-        vocab_size=len(vocab),
-        vocab_words=sum(t not in MODEL_ONLY_TOKENS for t in vocab.tokens),
-        shards=shards,
-        target_tokens=target_tokens,
-        pools=pools,
-        n_acts=len(inventory) if inventory is not None else None,
-        act_names=list(inventory.names) if inventory is not None else None,
-        skipped={
-            "malformed_records": stats.skipped_total,
-            "empty_texts": stats.empty_texts,
-            "single_turn_dialogues": stats.single_turn,
-        },
-        warnings=stats.skip_messages(),
-        sources=_sources(raw),
-        params={
-            "on_error": params.on_error.value,
-            "shard_rows": params.shard_rows,
-            "corpus": corpus.model_dump(mode="json"),
-        },
-    )
+                    raise err.under(f"tokenize.corpora.{name}") from None
+                generated = examples if task is Task.GENERATE else generated
+                written.add(
+                    task,
+                    split,
+                    examples,
+                    write_shards(out, task, split, examples, params.shard_rows),
+                )
+        _advance(bar, "")  # the last step done: the reporter's final line says so
+    for stale in set(Task) - set(tasks):
+        for path in (out / stale.value).glob("*.arrow"):
+            path.unlink()
+    manifest = written.record(name, vocab, options.inventory, stats, raw, params, corpus)
     write_manifest(out, manifest)
     return manifest
+
+
+def _advance(bar: Reporter, next_step: str) -> None:
+    bar.update(info=next_step)
+    bar.advance()
+
+
+def _vocabulary(
+    train: list[Dialogue], options: EncodeOptions, corpus: CorpusParams, out: Path
+) -> Vocab:
+    """The vocabulary of the training dialogues (and their act inventory), saved in ``out``."""
+    inventory = options.inventory
+    reserved = inventory.placeholders if options.delexicalize and inventory else ()
+    vocab = build_vocab(vocab_texts(train, options), corpus.vocab, reserved)
+    vocab.save(out / VOCAB_FILE)
+    if inventory is not None:
+        inventory.save(out / ACTS_FILE)
+    return vocab
+
+
+@dataclass
+class _Written:
+    """The shards a tokenize run wrote, by task and split, and what the manifest says."""
+
+    shards: dict[str, dict[str, list[ShardFile]]]
+    target_tokens: dict[str, dict[str, int]]
+    pools: dict[str, ShardFile]
+
+    @classmethod
+    def empty(cls, tasks: tuple[Task, ...]) -> _Written:
+        return cls({t.value: {} for t in tasks}, {t.value: {} for t in tasks}, {})
+
+    def add(self, task: Task, split: str, examples: ExampleTable, files: Any) -> None:
+        self.target_tokens[task.value][split] = examples.scored_tokens()
+        self.shards[task.value][split] = files.shards
+        if files.pool is not None:
+            self.pools[split] = files.pool
+
+    def record(
+        self,
+        name: str,
+        vocab: Vocab,
+        inventory: ActInventory | None,
+        stats: ParseStats,
+        raw: Path | None,
+        params: TokenizeParams,
+        corpus: CorpusParams,
+    ) -> TokenizeRecord:
+        return TokenizeRecord(
+            corpus=name,
+            vocab_hash=vocab.content_hash,
+            vocab_size=len(vocab),
+            vocab_words=sum(t not in MODEL_ONLY_TOKENS for t in vocab.tokens),
+            shards=self.shards,
+            target_tokens=self.target_tokens,
+            pools=self.pools,
+            n_acts=len(inventory) if inventory is not None else None,
+            act_names=list(inventory.names) if inventory is not None else None,
+            skipped={
+                "malformed_records": stats.skipped_total,
+                "empty_texts": stats.empty_texts,
+                "single_turn_dialogues": stats.single_turn,
+            },
+            skipped_by_reason=dict(sorted(stats.by_reason.items())),
+            warnings=stats.skip_messages(),
+            sources=_sources(raw),
+            params=TokenizeSettings(
+                on_error=params.on_error, shard_rows=params.shard_rows, corpus=corpus
+            ),
+        )

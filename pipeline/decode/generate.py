@@ -22,7 +22,9 @@ Conventions:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -99,11 +101,25 @@ def generate(model: Seq2SeqModel, batch: GenerateBatch, config: DecodeConfig) ->
             torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
         ):
             torch.manual_seed(config.seed)
-            memory = model.encode(batch)
-            search = _SEARCHES.get(config.strategy, _sample)
-            return search(model, memory, batch.batch_size, device, config)
+            search = Search(model, model.encode(batch), batch.batch_size, device, config)
+            return _SEARCHES.get(config.strategy, _sample)(search)
     finally:
         model.train(was_training)
+
+
+@dataclass(frozen=True)
+class Search:
+    """One decoding's inputs: the model, its memory of the batch, the batch's size, the
+    device and the decoding config (each strategy's function takes it)."""
+
+    model: Seq2SeqModel
+    memory: object
+    batch_size: int
+    device: torch.device
+    config: DecodeConfig
+
+    def __iter__(self) -> Iterator[Any]:  # unpacks as its fields, shallow (not astuple)
+        return iter((self.model, self.memory, self.batch_size, self.device, self.config))
 
 
 # --------------------------------------------------------------------------- steps
@@ -169,14 +185,9 @@ def _filter(logits: Tensor, config: DecodeConfig) -> Tensor:
 # --------------------------------------------------------------------------- greedy / sampling
 
 
-def _sample(
-    model: Seq2SeqModel,
-    memory: object,
-    batch_size: int,
-    device: torch.device,
-    config: DecodeConfig,
-) -> GenerationOutput:
+def _sample(search: Search) -> GenerationOutput:
     """Greedy decoding or sampling, one row per example."""
+    model, memory, batch_size, device, config = search
     step = _Stepper(model, memory, batch_size, config.use_cache)
     generator = torch.Generator(device=device).manual_seed(config.seed)
     seqs = torch.full((batch_size, config.max_length + 1), PAD_ID, device=device)
@@ -212,13 +223,7 @@ def _sample(
 # --------------------------------------------------------------------------- beam search
 
 
-def _beam_search(
-    model: Seq2SeqModel,
-    memory: object,
-    batch_size: int,
-    device: torch.device,
-    config: DecodeConfig,
-) -> GenerationOutput:
+def _beam_search(search: Search) -> GenerationOutput:
     """Batched beam search over ``batch_size x beam_size`` rows.
 
     Each step takes the ``2K`` best continuations per example: those among the first
@@ -228,6 +233,7 @@ def _beam_search(
     current sum divided by the largest length penalty, as log-probabilities only lower the
     sum), so stopping early never changes the result.
     """
+    model, memory, batch_size, device, config = search
     b, k, width = batch_size, config.beam_size, config.max_length + 1
     rows = torch.arange(b, device=device)
     expand = rows.repeat_interleave(k)
@@ -294,13 +300,7 @@ def _beam_search(
     return GenerationOutput(tokens, pool_lengths[:, 0], pool_scores[:, 0], beams)
 
 
-def _slot_beam_search(
-    model: Seq2SeqModel,
-    memory: object,
-    batch_size: int,
-    device: torch.device,
-    config: DecodeConfig,
-) -> GenerationOutput:
+def _slot_beam_search(search: Search) -> GenerationOutput:
     """The HT-Encoder authors' beam search (their ``Beam.py`` and ``translate_batch``):
     ``K`` slots per example ranked by summed log-probability; a slot that produced
     ``<eos>`` keeps its place and its score (it continues with ``<pad>`` at no cost) until
@@ -308,6 +308,7 @@ def _slot_beam_search(
     ended or after ``max_length`` tokens, and the answer is the slot with the best MEAN
     token log-probability (``<eos>`` counted). Unlike theirs, ``<pad>``/``<bos>`` are never
     generated and ``min_length``/``no_repeat_ngram`` apply as for every strategy."""
+    model, memory, batch_size, device, config = search
     b, k, width = batch_size, config.beam_size, config.max_length + 1
     rows = torch.arange(b, device=device)
     step = _Stepper(

@@ -37,6 +37,7 @@ from pipeline.data.formats import multiwoz as multiwoz_format
 from pipeline.data.splits import Split
 from pipeline.errors import DataError
 from pipeline.eval import multiwoz as official
+from pipeline.eval.multiwoz_db import MultiWozDB
 from pipeline.eval.multiwoz_standard import Prediction, standardized_rates
 
 COMMAND = "score"
@@ -98,7 +99,7 @@ def load_test_dialogues(data: Path) -> dict[str, Dialogue]:
 def score(
     predictions: Mapping[str, Sequence[Prediction]],
     dialogues: Mapping[str, Dialogue],
-    db: official.MultiWozDB,
+    db: MultiWozDB,
     scheme: Scheme,
 ) -> dict[str, Any]:
     """Inform and Success of ``predictions`` in ``scheme``, as the command prints them."""
@@ -160,7 +161,7 @@ def run_command(args: argparse.Namespace) -> int:
     predictions = load_predictions(args.predictions)
     print(f"score: reading the test dialogues and db/ of {args.data}", file=sys.stderr)
     dialogues = load_test_dialogues(args.data)
-    db = official.MultiWozDB.load(args.data)
+    db = MultiWozDB.load(args.data)
     print(f"score: {len(predictions)} dialogues, {scheme.value} scheme", file=sys.stderr)
     try:
         result = score(predictions, dialogues, db, scheme)

@@ -44,7 +44,8 @@ from typing import Any
 
 from pipeline.data.dialogue import Dialogue
 from pipeline.eval import multiwoz_norm as norm
-from pipeline.eval.multiwoz import DB_DOMAINS, MultiWozDB, system_turns
+from pipeline.eval.multiwoz import system_turns
+from pipeline.eval.multiwoz_db import DB_DOMAINS, MultiWozDB
 
 NO_VENUE_DOMAINS = ("taxi", "police", "hospital")
 REQUESTABLE = {"phone": "PHONE", "address": "ADDRESS", "postcode": "POST",
@@ -105,7 +106,7 @@ def partial_ratio(a: str, b: str) -> int:
 
 class VenueDatabase:
     """The restaurant, hotel, attraction and train entities, queried the standardized way
-    (module docstring). Built from the release's DB (:class:`multiwoz.MultiWozDB`)."""
+    (module docstring). Built from the release's DB (:class:`multiwoz_db.MultiWozDB`)."""
 
     def __init__(self, db: MultiWozDB) -> None:
         self.rows: dict[str, list[dict[str, str]]] = {}

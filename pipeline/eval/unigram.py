@@ -23,7 +23,7 @@ import numpy as np
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.records import Example, GenerateExample, LMExample
 from pipeline.data.splits import Split
-from pipeline.eval.evaluate import example_id
+from pipeline.eval.collect import example_id
 from pipeline.eval.perplexity import perplexity_of
 
 

@@ -36,7 +36,11 @@ from pipeline.data.loader import ExampleDataset, load_vocab, open_split
 from pipeline.data.splits import Split
 from pipeline.data.vocab import Vocab
 from pipeline.eval import text
-from pipeline.eval.multiwoz import MultiWozDB, combined_score
+from pipeline.eval.collect import example_id, test_batches
+from pipeline.eval.generation import multiwoz_metrics
+from pipeline.eval.multiwoz import combined_score
+from pipeline.eval.multiwoz_db import MultiWozDB
+from pipeline.names import Task
 
 SCORE = Selection.MULTIWOZ_SCORE.metric  # the key the loop selects on
 
@@ -63,7 +67,7 @@ class MultiWozValidationScore:
     @cached_property
     def _data(self) -> tuple[ExampleDataset, Vocab]:
         shards = Path(self.shards)
-        return open_split(shards, "generate", Split.VALID), load_vocab(shards)
+        return open_split(shards, Task.GENERATE, Split.VALID), load_vocab(shards)
 
     @cached_property
     def _dialogues(self) -> tuple[list[Any], MultiWozDB]:
@@ -81,7 +85,6 @@ class MultiWozValidationScore:
     ) -> list[Decoded]:
         """Greedy responses to this rank's share of the validation batches."""
         from pipeline.decode import DecodeConfig, generate
-        from pipeline.eval.evaluate import example_id, test_batches
 
         dataset, vocab = self._data
         config = DecodeConfig(
@@ -102,8 +105,6 @@ class MultiWozValidationScore:
     def score(self, decoded: list[Decoded]) -> dict[str, float]:
         """``valid_score`` and its parts (``valid_bleu_hier``, ``valid_inform``,
         ``valid_success``) from every rank's responses."""
-        from pipeline.eval.evaluate import multiwoz_metrics
-
         decoded = sorted(decoded, key=lambda row: _order(row[0]))
         ids, hyps, refs = (list(column) for column in zip(*decoded, strict=True))
         dialogues, db = self._dialogues

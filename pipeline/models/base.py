@@ -9,25 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor, nn
 
-from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
 from pipeline.models.latent import LatentNLL
-
-
-@dataclass(frozen=True)
-class DataSizes:
-    """The sizes a model takes from its corpus, never from params or constants: the
-    vocabulary and, for corpora with dialogue acts, the act inventory (the tokenize
-    record's ``data_sizes()``)."""
-
-    vocab_size: int
-    n_acts: int | None = None
+from pipeline.names import Task
 
 
 class ModelConfig(BaseModel):
@@ -43,6 +33,27 @@ class ModelConfig(BaseModel):
     DATA_FIELDS: ClassVar[tuple[str, ...]] = ("vocab_size",)
 
     vocab_size: int
+
+
+@dataclass(frozen=True)
+class BlockDims:
+    """The sizes and dropouts of one Transformer layer, the one value every shared block
+    takes (as nanoGPT's ``Block(config)``): width, heads, FFN width, dropout of embeddings,
+    residual branches and FFN, per-head size (``None``: ``d_model // n_heads``), congruent
+    attention (W_q = W_k) and the attention-probability dropout (``None``: ``dropout``)."""
+
+    d_model: int
+    n_heads: int
+    d_ff: int
+    dropout: float = 0.1
+    d_head: int | None = None
+    congruent: bool = False
+    attention_dropout: float | None = None
+
+    @property
+    def attention_dropout_p(self) -> float:
+        """The attention-probability dropout in effect."""
+        return self.dropout if self.attention_dropout is None else self.attention_dropout
 
 
 class AttentionModelConfig(ModelConfig):
@@ -76,6 +87,20 @@ class AttentionModelConfig(ModelConfig):
     def attention_dropout_p(self) -> float:
         """The attention-probability dropout in effect."""
         return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+    def block(self, **changes: Any) -> BlockDims:
+        """The dims of this config's main Transformer layers (``d_ff``, ``d_head`` and
+        ``congruent`` where the config has them), with ``changes``."""
+        dims = BlockDims(
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            d_ff=getattr(self, "d_ff", 4 * self.d_model),
+            dropout=self.dropout,
+            d_head=getattr(self, "d_head", None),
+            congruent=getattr(self, "congruent", False),
+            attention_dropout=self.attention_dropout,
+        )
+        return dataclasses.replace(dims, **changes)
 
 
 def head_size(width: int, n_heads: int, d_head: int | None = None, field: str = "n_heads") -> int:
@@ -254,20 +279,3 @@ def token_loss(logits: Tensor, targets: Tensor, mask: Tensor) -> LossOutput:
 def count_parameters(module: nn.Module) -> int:
     """Number of distinct trainable parameters (shared tensors counted once)."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
-
-
-def token_embeddings(model: nn.Module) -> list[nn.Embedding]:
-    """The embeddings of ``model``'s vocabulary (its word embeddings, where pre-trained
-    vectors go: ``models.word_vectors``): every ``layers.TokenEmbedding``, and every plain
-    ``nn.Embedding`` with ``config.vocab_size`` rows (the RNN baselines'), each weight once,
-    in module order. One for most models; one per wrapped model of an ensemble, one per
-    decoder of ``hier_joint``."""
-    from pipeline.models.layers import TokenEmbedding  # layers imports this module
-
-    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
-    found: dict[int, nn.Embedding] = {}
-    for module in model.modules():
-        plain = type(module) is nn.Embedding and module.num_embeddings == vocab_size
-        if isinstance(module, TokenEmbedding) or plain:
-            found.setdefault(id(module.weight), module)  # type: ignore[arg-type]
-    return list(found.values())

@@ -19,13 +19,13 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from pipeline.config import Task
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import BOS_ID, PAD_ID
 from pipeline.models.base import AttentionModelConfig, LanguageModel, masked_token_nll
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.registry import register
 from pipeline.models.stack import Stack, extent, scatter_rows
+from pipeline.names import Task
 
 
 class GPTConfig(AttentionModelConfig):
@@ -47,16 +47,7 @@ class GPT(LanguageModel):
         super().__init__()
         self.config = config
         self.embed = TokenEmbedding(config.vocab_size, config.d_model, PAD_ID)
-        self.stack = Stack(
-            config.d_model,
-            config.n_heads,
-            config.d_ff,
-            config.n_layers,
-            config.dropout,
-            config.congruent,
-            causal=True,
-            attention_dropout=config.attention_dropout_p,
-        )
+        self.stack = Stack(config.block(), config.n_layers, causal=True)
         self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.output.weight = self.embed.weight
 

@@ -35,7 +35,6 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from pipeline.config import Task
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import PAD_ID
 from pipeline.models.base import (
@@ -47,6 +46,7 @@ from pipeline.models.base import (
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.registry import register
 from pipeline.models.stack import Stack, extent, scatter_rows
+from pipeline.names import Task
 
 
 class Stage(enum.IntEnum):
@@ -94,40 +94,15 @@ class HierarchicalGPT(LanguageModel):
         super().__init__()
         self.config = config
         c = config
+        # the sentence blocks (encoder, decoder) and the document block have their own sizes
+        sentence = c.block(d_model=c.d_sentence, n_heads=c.sentence_heads, d_ff=c.sentence_d_ff)
         self.embed = TokenEmbedding(c.vocab_size, c.d_sentence, PAD_ID)
-        self.encoder = Stack(
-            c.d_sentence,
-            c.sentence_heads,
-            c.sentence_d_ff,
-            c.encoder_layers,
-            c.dropout,
-            c.congruent,
-            causal=False,
-            attention_dropout=c.attention_dropout_p,
-        )
+        self.encoder = Stack(sentence, c.encoder_layers, causal=False)
         self.to_document = _project(c.d_sentence, c.d_model)
         self.bod = nn.Parameter(torch.randn(c.d_model))
-        self.document = Stack(
-            c.d_model,
-            c.n_heads,
-            c.d_ff,
-            c.document_layers,
-            c.dropout,
-            c.congruent,
-            causal=True,
-            attention_dropout=c.attention_dropout_p,
-        )
+        self.document = Stack(c.block(), c.document_layers, causal=True)
         self.from_document = _project(c.d_model, c.d_sentence)
-        self.decoder = Stack(
-            c.d_sentence,
-            c.sentence_heads,
-            c.sentence_d_ff,
-            c.decoder_layers,
-            c.dropout,
-            c.congruent,
-            causal=True,
-            attention_dropout=c.attention_dropout_p,
-        )
+        self.decoder = Stack(sentence, c.decoder_layers, causal=True)
         self.output = nn.Linear(c.d_sentence, c.vocab_size, bias=False)
         self.output.weight = self.embed.weight
         self.set_stage(Stage.JOINT if c.training == "joint" else Stage.SENTENCE)

@@ -4,7 +4,7 @@ Dialog Systems"): HIER, HIER-CLS, SET, MAT, HIER++, SET++ and HIER-Joint.
 An HT-Encoder is a plain (M+N)-layer Transformer encoder made hierarchical by masks and
 positions: the first M (utterance) layers use the UT-mask and local positions (within the
 utterance), global positions (over the flat history) are added before the last N (context)
-layers, which use a CT-mask (``masks.ContextMask``). A standard decoder (``layers.Decoder``)
+layers, which use a CT-mask (``masks.ContextMask``). A standard decoder (``blocks.Decoder``)
 follows; it cross-attends to all encoder outputs by default (``masks.MemoryKeys``).
 
 Most of what the masks forbid never needs computing: the UT-mask allows
@@ -23,7 +23,7 @@ ntoken, ninp, nhead, nhid, ...)``) uses E (``ninp``, "embed_size") as the model 
 Optuna range (25-40); no projection between embedding and hidden sizes is needed.
 
 Encoder and decoder share one token embedding (as in the authors' code); the decoder's
-output projection is tied to it (``layers.Decoder``).
+output projection is tied to it (``blocks.Decoder``).
 """
 
 from __future__ import annotations
@@ -36,23 +36,22 @@ import torch
 from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 
-from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.models import masks
-from pipeline.models.base import AttentionModelConfig, LossOutput, Seq2SeqModel, token_loss
-from pipeline.models.layers import (
-    Decoder,
-    DecoderCache,
-    EncoderStack,
-    SinusoidalPositions,
-    TokenEmbedding,
-    TokenGroups,
-    xavier_,
+from pipeline.models.base import (
+    AttentionModelConfig,
+    BlockDims,
+    LossOutput,
+    Seq2SeqModel,
+    token_loss,
 )
+from pipeline.models.blocks import Decoder, DecoderCache, EncoderStack
+from pipeline.models.layers import SinusoidalPositions, TokenEmbedding, TokenGroups, xavier_
 from pipeline.models.masks import ContextMask, MemoryKeys
 from pipeline.models.registry import register
 from pipeline.models.utterances import context_groups, utterance_groups
+from pipeline.names import Task
 
 # How a stack of encoder layers attends: a [B, L, L] mask (or None: no mask) over the
 # padded batch, or token groups over its real tokens (``layers.TokenGroups``).
@@ -157,7 +156,7 @@ class HierJointConfig(HierConfig):
 
 
 class HTEncoder(nn.Module):
-    """Hierarchical Transformer encoder: ``layers.EncoderLayer``s under UT/CT masks.
+    """Hierarchical Transformer encoder: ``blocks.EncoderLayer``s under UT/CT masks.
 
     ``forward`` takes the masks explicitly (built once per batch by the caller with
     ``masks``), so the same stack runs any variant; a mask may also be given as the
@@ -171,32 +170,16 @@ class HTEncoder(nn.Module):
     def __init__(
         self,
         embed: TokenEmbedding,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
+        dims: BlockDims,
         n_utterance_layers: int,
         n_context_layers: int,
-        dropout: float = 0.1,
-        d_head: int | None = None,
-        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.embed = embed
-        self.positions = SinusoidalPositions(d_model)
-        self.utterance_layers = EncoderStack(
-            n_utterance_layers,
-            d_model,
-            n_heads,
-            d_ff,
-            dropout,
-            d_head,
-            attention_dropout=attention_dropout,
-        )
-        self.context_layers = EncoderStack(
-            n_context_layers, d_model, n_heads, d_ff, dropout, d_head,
-            attention_dropout=attention_dropout,
-        )  # fmt: skip
-        self.dropout = nn.Dropout(dropout)
+        self.positions = SinusoidalPositions(dims.d_model)
+        self.utterance_layers = EncoderStack(n_utterance_layers, dims)
+        self.context_layers = EncoderStack(n_context_layers, dims)
+        self.dropout = nn.Dropout(dims.dropout)
 
     def forward(self, history: History, ut: EncoderAttention, ct: EncoderAttention) -> Tensor:
         """``[B, L, d_model]`` encodings of ``history``. ``ut``/``ct``: the UT/CT-masks
@@ -257,30 +240,13 @@ class HierTransformer(Seq2SeqModel):
         c = config
         self.decoder = self._decoder()
         self.encoder = HTEncoder(
-            self.decoder.embed,
-            c.d_model,
-            c.n_heads,
-            c.d_ff,
-            c.n_utterance_layers,
-            c.n_context_layers,
-            c.dropout,
-            c.d_head,
-            c.attention_dropout_p,
+            self.decoder.embed, c.block(), c.n_utterance_layers, c.n_context_layers
         )
         self.act_embed = xavier_(nn.Linear(c.n_acts, c.d_model)) if c.n_acts else None
 
     def _decoder(self) -> Decoder:
         c = self.config
-        return Decoder(
-            c.vocab_size,
-            c.d_model,
-            c.n_decoder_layers,
-            c.n_heads,
-            c.d_ff,
-            c.dropout,
-            c.d_head,
-            attention_dropout=c.attention_dropout_p,
-        )
+        return Decoder(c.vocab_size, c.n_decoder_layers, c.block())
 
     def encode_history(self, history: History) -> HierMemory:
         """Encoder outputs and the decoder's key mask (no act offset)."""

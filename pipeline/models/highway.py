@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from pipeline.config import Task
 from pipeline.data.batch import History, SelectBatch
 from pipeline.models.registry import register
 from pipeline.models.selection import (
@@ -31,6 +30,7 @@ from pipeline.models.selection import (
     encode_candidates,
 )
 from pipeline.models.utterances import split_utterances
+from pipeline.names import Task
 
 
 class HRTConfig(TransformerSelectConfig):

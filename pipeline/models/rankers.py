@@ -23,7 +23,6 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
-from pipeline.config import Task
 from pipeline.data.batch import SelectBatch
 from pipeline.models.base import LossOutput, ModelConfig, SelectModel
 from pipeline.models.registry import register
@@ -41,6 +40,7 @@ from pipeline.models.selection import (
     ranking_loss,
 )
 from pipeline.models.utterances import split_utterances
+from pipeline.names import Task
 
 # --------------------------------------------------------------------------- LSTM baselines
 

@@ -16,9 +16,11 @@ from typing import Any
 from pydantic import ValidationError
 from torch import nn
 
-from pipeline.config import Task
+from pipeline.artifacts import DataSizes
+from pipeline.config.validation import config_error
 from pipeline.errors import ConfigError
-from pipeline.models.base import DataSizes, ModelConfig
+from pipeline.models.base import ModelConfig
+from pipeline.names import Task
 
 _MODULES = (
     "transformer",
@@ -118,14 +120,7 @@ def make_config(name: str, sizes: DataSizes | int, **overrides: Any) -> ModelCon
     try:
         return s.config_cls(**data, **fixed, **overrides)
     except ValidationError as err:
-        first = err.errors()[0]
-        key, reason = ".".join(str(p) for p in first["loc"]), first["msg"]
-        if not key:
-            # cross-field validators raise ValueError("field: reason")
-            reason = reason.removeprefix("Value error, ")
-            field, sep, rest = reason.partition(": ")
-            key, reason = (field, rest) if sep and field.isidentifier() else ("config", reason)
-        raise ConfigError(f"{name}.{key}", reason) from None
+        raise config_error(err, name, s.config_cls) from None
 
 
 def build(name: str, sizes: DataSizes | int, **overrides: Any) -> nn.Module:

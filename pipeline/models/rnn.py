@@ -23,17 +23,13 @@ from dataclasses import dataclass
 import torch
 from pydantic import Field
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import PAD_ID
 from pipeline.models.base import (
     LossOutput,
-    ModelConfig,
     Seq2SeqModel,
     masked_token_nll,
-    select_batch_dim,
     token_loss,
 )
 from pipeline.models.latent import (
@@ -45,30 +41,23 @@ from pipeline.models.latent import (
     standard_normal_log_prob,
 )
 from pipeline.models.layers import MultiHeadAttention, padding_mask
+from pipeline.models.recurrent import (
+    ConditionedDecoder,
+    ContextMemory,
+    FlatMemory,
+    RNNConfig,
+    RNNState,
+    UtteranceEncoder,
+    run_gru,
+)
 from pipeline.models.registry import register
 from pipeline.models.utterances import split_utterances
+from pipeline.names import Task
 
 # The seed of validation's posterior draws: validation numbers repeat exactly.
 VALIDATION_SEED = 0
 
 # --------------------------------------------------------------------------- configs
-
-
-class RNNConfig(ModelConfig):
-    """Sizes shared by the RNN baselines.
-
-    The U-Net paper sets the word embedding and hidden size of every baseline's encoder,
-    decoder and context encoder to 256. What it leaves open follows the VHCR authors'
-    code (ctr4si/A-Hierarchical-Latent-Structure-for-Variational-Conversation-Modeling):
-    one GRU layer, a bidirectional encoder (``d_hidden`` per direction, so encodings are
-    ``2 * d_hidden`` wide) and dropout 0.2.
-    """
-
-    d_embed: int = Field(default=256, ge=1)
-    d_hidden: int = Field(default=256, ge=1)
-    n_layers: int = Field(default=1, ge=1)
-    bidirectional: bool = True
-    dropout: float = Field(default=0.2, ge=0.0, lt=1.0)
 
 
 class S2SAConfig(RNNConfig):
@@ -107,119 +96,6 @@ class VHCRConfig(VHREDConfig):
 
     d_conv_latent: int = Field(default=100, ge=1)
     utterance_drop: float = Field(default=0.25, ge=0.0, le=1.0)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _run_gru(gru: nn.GRU, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-    """Run ``gru`` over left-aligned ``x`` ``[N, L, d]`` of ``lengths`` ``[N]`` (0 allowed).
-
-    Returns outputs ``[N, L, dirs * h]`` (0 past each length) and the last layer's final
-    state ``[N, dirs * h]`` (both directions concatenated; 0 for empty rows).
-    """
-    dirs = 2 if gru.bidirectional else 1
-    if x.shape[0] == 0:  # e.g. a batch whose histories are all empty
-        return x.new_zeros(0, x.shape[1], dirs * gru.hidden_size), x.new_zeros(
-            0, dirs * gru.hidden_size
-        )
-    packed = pack_padded_sequence(
-        x, lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
-    )
-    out, h_n = gru(packed)
-    out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])
-    final = h_n[-dirs:].transpose(0, 1).reshape(x.shape[0], -1)
-    empty = (lengths == 0)[:, None]
-    return out * ~empty[:, :, None], final.masked_fill(empty, 0.0)
-
-
-@dataclass
-class RNNState:
-    """Decoder hidden state, batch-first ``[B, n_layers, d_hidden]`` so ``select`` works."""
-
-    hidden: Tensor
-
-    def select(self, index: Tensor) -> RNNState:
-        return select_batch_dim(self, index)  # type: ignore[return-value]
-
-
-@dataclass
-class FlatMemory:
-    """S2SA's memory: encoder states ``[B, L, 2h]``, their mask and the initial decoder
-    state ``[B, n_layers, h]``."""
-
-    states: Tensor
-    mask: Tensor
-    hidden: Tensor
-
-
-@dataclass
-class ContextMemory:
-    """The hierarchical models' memory: the decoder's conditioning vector ``[B, d_cond]``
-    (context state, plus the sampled latents for VHRED/VHCR)."""
-
-    cond: Tensor
-
-
-class UtteranceEncoder(nn.Module):
-    """Embedding + (bi)GRU over token sequences; the final state encodes the sequence."""
-
-    def __init__(self, embed: nn.Embedding, config: RNNConfig) -> None:
-        super().__init__()
-        self.embed = embed
-        self.gru = nn.GRU(
-            config.d_embed,
-            config.d_hidden,
-            config.n_layers,
-            batch_first=True,
-            bidirectional=config.bidirectional,
-            dropout=config.dropout if config.n_layers > 1 else 0.0,
-        )
-        self.dropout = nn.Dropout(config.dropout)
-        self.d_out = config.d_hidden * (2 if config.bidirectional else 1)
-
-    def forward(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """``ids``/``mask`` ``[N, L]`` (left-aligned) -> (states ``[N, L, d_out]``,
-        final ``[N, d_out]``)."""
-        return _run_gru(self.gru, self.dropout(self.embed(ids)), mask.sum(1))
-
-
-class ConditionedDecoder(nn.Module):
-    """GRU decoder whose initial state is ``tanh(W cond)`` and whose every input is
-    ``[embedding; cond]`` (HRED's decoder conditioned on the context), or the embedding
-    alone with ``condition_inputs=False``."""
-
-    def __init__(
-        self, embed: nn.Embedding, config: RNNConfig, d_cond: int, condition_inputs: bool = True
-    ) -> None:
-        super().__init__()
-        self.embed = embed
-        self.n_layers, self.d_hidden = config.n_layers, config.d_hidden
-        self.condition_inputs = condition_inputs
-        self.init = nn.Linear(d_cond, config.n_layers * config.d_hidden)
-        self.gru = nn.GRU(
-            config.d_embed + (d_cond if condition_inputs else 0),
-            config.d_hidden,
-            config.n_layers,
-            batch_first=True,
-            dropout=config.dropout if config.n_layers > 1 else 0.0,
-        )
-        self.dropout = nn.Dropout(config.dropout)
-        self.output = nn.Linear(config.d_hidden, config.vocab_size)
-
-    def init_state(self, cond: Tensor) -> RNNState:
-        h = torch.tanh(self.init(cond)).view(-1, self.n_layers, self.d_hidden)
-        return RNNState(h)
-
-    def forward(
-        self, tokens: Tensor, cond: Tensor, state: RNNState | None
-    ) -> tuple[Tensor, RNNState]:
-        state = self.init_state(cond) if state is None else state
-        x = self.embed(tokens)
-        if self.condition_inputs:
-            x = torch.cat([x, cond[:, None].expand(-1, tokens.shape[1], -1)], -1)
-        out, h = self.gru(self.dropout(x), state.hidden.transpose(0, 1).contiguous())
-        return self.output(self.dropout(out)), RNNState(h.transpose(0, 1))
 
 
 # --------------------------------------------------------------------------- S2SA
@@ -321,7 +197,7 @@ class HRED(Seq2SeqModel):
 
     def context(self, encodings: Tensor, utt_mask: Tensor) -> Tensor:
         """Final context-GRU state ``[B, d_context]`` over the utterance encodings."""
-        return _run_gru(self.context_rnn, encodings, utt_mask.sum(1))[1]
+        return run_gru(self.context_rnn, encodings, utt_mask.sum(1))[1]
 
     def encode(self, batch: GenerateBatch) -> ContextMemory:
         encodings, utt_mask = self.encode_utterances(batch.history)
@@ -511,7 +387,7 @@ class VHCR(VHRED):
             )
             encodings[torch.arange(len(lengths), device=lengths.device), lengths] = response
             lengths = lengths + 1
-        return self.conv_posterior(_run_gru(self.conv_rnn, encodings, lengths)[1])
+        return self.conv_posterior(run_gru(self.conv_rnn, encodings, lengths)[1])
 
     def _context_with(self, encodings: Tensor, utt_mask: Tensor, z_conv: Tensor) -> Tensor:
         dropped = self.drop_utterances(encodings, utt_mask)

@@ -35,14 +35,15 @@ from pipeline.data.batch import SelectBatch
 from pipeline.data.special import SPEAKER_SELF
 from pipeline.models.base import (
     AttentionModelConfig,
+    BlockDims,
     LossOutput,
     ModelConfig,
     SelectModel,
     candidate_bce,
     example_loss,
 )
+from pipeline.models.blocks import EncoderStack
 from pipeline.models.layers import (
-    EncoderStack,
     MultiHeadAttention,
     SegmentEmbedding,
     SinusoidalPositions,
@@ -179,42 +180,27 @@ class SequenceEncoder(nn.Module):
         self,
         vocab_size: int,
         d_embed: int,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
         n_layers: int,
-        dropout: float,
+        dims: BlockDims,
         knowledge_dim: int = 0,
         speaker_embedding: bool = True,
-        attention_dropout: float | None = None,
     ) -> None:
         super().__init__()
+        d_model = dims.d_model
         self.embed = FeatureEmbedding(vocab_size, d_embed, knowledge_dim, d_model)
         self.positions = SinusoidalPositions(d_model)
         # The paper prepends a speaker token to each utterance; an embedding of the
         # speaker id (0 pad, 1 self, 2 other) carries the same information.
         self.speaker = SegmentEmbedding(3, d_model, padding_idx=0) if speaker_embedding else None
-        self.layers = EncoderStack(
-            n_layers, d_model, n_heads, d_ff, dropout, attention_dropout=attention_dropout
-        )
-        self.dropout = nn.Dropout(dropout)
+        self.layers = EncoderStack(n_layers, dims)
+        self.dropout = nn.Dropout(dims.dropout)
 
     @classmethod
     def from_config(cls, c: Any) -> SequenceEncoder:
         """The encoder a ranking model's config describes (HRT and the Transformer rankers
-        share these fields)."""
-        return cls(
-            c.vocab_size,
-            c.d_embed,
-            c.d_model,
-            c.n_heads,
-            c.d_ff,
-            c.n_layers,
-            c.dropout,
-            c.knowledge_dim,
-            c.speaker_embedding,
-            c.attention_dropout_p,
-        )
+        share these fields; their heads split the width: no d_head)."""
+        dims = c.block(d_head=None)
+        return cls(c.vocab_size, c.d_embed, c.n_layers, dims, c.knowledge_dim, c.speaker_embedding)
 
     def forward(
         self,

@@ -18,14 +18,9 @@ from torch import Tensor, nn
 
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import PAD_ID
-from pipeline.models.base import AttentionModelConfig, Seq2SeqModel
-from pipeline.models.layers import (
-    Decoder,
-    DecoderCache,
-    SegmentEmbedding,
-    SinusoidalPositions,
-    TokenEmbedding,
-)
+from pipeline.models.base import AttentionModelConfig, BlockDims, Seq2SeqModel
+from pipeline.models.blocks import Decoder, DecoderCache
+from pipeline.models.layers import SegmentEmbedding, SinusoidalPositions, TokenEmbedding
 
 
 def recent_first_segments(history: History) -> Tensor:
@@ -81,7 +76,7 @@ class EncoderDecoderConfig(AttentionModelConfig):
 
 
 class EncoderDecoder(Seq2SeqModel):
-    """History embedding -> ``encode_embedded`` (the subclass's stack) -> ``layers.Decoder``.
+    """History embedding -> ``encode_embedded`` (the subclass's stack) -> ``blocks.Decoder``.
 
     Encoder and decoder share the token embedding; it is also the output projection
     unless ``tie_output`` is False.
@@ -90,32 +85,15 @@ class EncoderDecoder(Seq2SeqModel):
     def __init__(
         self,
         vocab_size: int,
-        d_model: int,
         n_decoder_layers: int,
-        n_heads: int,
-        d_head: int,
-        d_ff: int,
-        dropout: float,
+        dims: BlockDims,
         n_segments: int,
         d_memory: int | list[int] | None = None,
-        attention_dropout: float | None = None,
         tie_output: bool = True,
     ) -> None:
         super().__init__()
-        self.decoder = Decoder(
-            vocab_size,
-            d_model,
-            n_decoder_layers,
-            n_heads,
-            d_ff,
-            dropout,
-            d_head,
-            d_memory,
-            PAD_ID,
-            attention_dropout,
-            tie_output,
-        )
-        self.embedding = HistoryEmbedding(self.decoder.embed, n_segments, dropout)
+        self.decoder = Decoder(vocab_size, n_decoder_layers, dims, d_memory, PAD_ID, tie_output)
+        self.embedding = HistoryEmbedding(self.decoder.embed, n_segments, dims.dropout)
 
     def encode_embedded(self, x: Tensor, mask: Tensor) -> EncoderMemory:
         """Run the encoder stack on embedded history ``x`` ``[B, L, d]`` (zero at padding)."""

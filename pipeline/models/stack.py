@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from pipeline.models.layers import EncoderStack, SinusoidalPositions, padding_mask
+from pipeline.models.base import BlockDims
+from pipeline.models.blocks import EncoderStack
+from pipeline.models.layers import SinusoidalPositions, padding_mask
 
 
 class Stack(nn.Module):
@@ -16,30 +18,12 @@ class Stack(nn.Module):
     a bidirectional (BERT-like) encoder over the real positions of ``mask``.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        d_ff: int,
-        n_layers: int,
-        dropout: float,
-        congruent: bool,
-        causal: bool,
-        attention_dropout: float | None = None,
-    ) -> None:
+    def __init__(self, dims: BlockDims, n_layers: int, causal: bool) -> None:
         super().__init__()
         self.causal = causal
-        self.positions = SinusoidalPositions(d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.layers = EncoderStack(
-            n_layers,
-            d_model,
-            n_heads,
-            d_ff,
-            dropout,
-            congruent=congruent,
-            attention_dropout=attention_dropout,
-        )
+        self.positions = SinusoidalPositions(dims.d_model)
+        self.dropout = nn.Dropout(dims.dropout)
+        self.layers = EncoderStack(n_layers, dims)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """``x`` ``[B, L, d]`` input embeddings; ``mask`` ``[B, L]`` True = real position.

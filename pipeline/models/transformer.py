@@ -2,7 +2,7 @@
 
 The history is the concatenation of its utterances. Each token's input is its (shared,
 sqrt(d)-scaled) word embedding + a sinusoidal encoding of its position in the flat history
-+ a learned segment embedding of its utterance. The decoder is ``layers.Decoder`` (causal
++ a learned segment embedding of its utterance. The decoder is ``blocks.Decoder`` (causal
 self-attention, cross-attention to the encoder output, output tied to the embedding).
 
 Segment indices count utterances **from the most recent** (0 = the utterance the response
@@ -20,13 +20,12 @@ from __future__ import annotations
 from pydantic import Field
 from torch import Tensor, nn
 
-from pipeline.config import Task
-from pipeline.models.layers import (
-    EncoderStack,
-    padding_mask,
-)
+from pipeline.models.base import BlockDims
+from pipeline.models.blocks import EncoderStack
+from pipeline.models.layers import padding_mask
 from pipeline.models.registry import register
 from pipeline.models.seq2seq import EncoderDecoder, EncoderDecoderConfig, EncoderMemory
+from pipeline.names import Task
 
 
 class TransformerConfig(EncoderDecoderConfig):
@@ -56,20 +55,9 @@ class AdjTransformerConfig(TransformerConfig):
 class TransformerEncoder(nn.Module):
     """A stack of post-norm ``EncoderLayer``s over the flat history; pad outputs are zero."""
 
-    def __init__(
-        self,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        d_head: int,
-        d_ff: int,
-        dropout: float,
-        attention_dropout: float | None = None,
-    ) -> None:
+    def __init__(self, n_layers: int, dims: BlockDims) -> None:
         super().__init__()
-        self.layers = EncoderStack(
-            n_layers, d_model, n_heads, d_ff, dropout, d_head, attention_dropout=attention_dropout
-        )
+        self.layers = EncoderStack(n_layers, dims)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         return self.layers(x, padding_mask(mask), keep=mask.unsqueeze(-1))
@@ -82,28 +70,10 @@ class Transformer(EncoderDecoder):
 
     def __init__(self, config: TransformerConfig) -> None:
         c = config
-        super().__init__(
-            c.vocab_size,
-            c.d_model,
-            c.n_decoder_layers,
-            c.n_heads,
-            c.head_size,
-            c.d_ff,
-            c.dropout,
-            c.n_segments,
-            attention_dropout=c.attention_dropout_p,
-            tie_output=c.tie_output,
-        )
+        dims = c.block(d_head=c.head_size)
+        super().__init__(c.vocab_size, c.n_decoder_layers, dims, c.n_segments, None, c.tie_output)
         self.config = config
-        self.encoder = TransformerEncoder(
-            c.d_model,
-            c.n_encoder_layers,
-            c.n_heads,
-            c.head_size,
-            c.d_ff,
-            c.dropout,
-            c.attention_dropout_p,
-        )
+        self.encoder = TransformerEncoder(c.n_encoder_layers, dims)
 
     def encode_embedded(self, x: Tensor, mask: Tensor) -> EncoderMemory:
         return EncoderMemory(self.encoder(x, mask), mask)

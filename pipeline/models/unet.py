@@ -53,10 +53,10 @@ from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pipeline.config import Task
 from pipeline.models.layers import FeedForward, MultiHeadAttention, xavier_
 from pipeline.models.registry import register
 from pipeline.models.seq2seq import EncoderDecoder, EncoderDecoderConfig, EncoderMemory
+from pipeline.names import Task
 
 
 class UNetConfig(EncoderDecoderConfig):
@@ -206,7 +206,7 @@ class ConvModule(nn.Module):
 
 class UNetLayer(nn.Module):
     """One U-Net encoder layer (module docstring); without ``conv`` it is exactly
-    ``layers.EncoderLayer`` (same parameter names) with pad outputs zeroed."""
+    ``blocks.EncoderLayer`` (same parameter names) with pad outputs zeroed."""
 
     def __init__(
         self,
@@ -319,18 +319,9 @@ class UNetTransformer(EncoderDecoder):
     def __init__(self, config: UNetConfig) -> None:
         c = config
         d_memory: int | list[int] = c.widths if c.per_layer_attention else c.widths[-1]
+        dims = c.block(d_head=c.head_sizes[0])
         super().__init__(
-            c.vocab_size,
-            c.d_model,
-            c.n_decoder_layers,
-            c.n_heads,
-            c.head_sizes[0],
-            c.d_ff,
-            c.dropout,
-            c.n_segments,
-            d_memory,
-            c.attention_dropout_p,
-            c.tie_output,
+            c.vocab_size, c.n_decoder_layers, dims, c.n_segments, d_memory, c.tie_output
         )
         self.config = config
         self.encoder = UNetEncoder(c)

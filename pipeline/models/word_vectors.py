@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from pipeline.data.special import PAD_ID
 from pipeline.errors import DataError, HiertxError
+from pipeline.models.layers import TokenEmbedding
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -260,3 +261,18 @@ def load_word_vectors(embedding: nn.Embedding, path: str | Path, tokens: Sequenc
     vectors = read_word_vectors(path, tokens, embedding.embedding_dim, pad_id=pad)
     copy_into(embedding, vectors)
     return vectors.coverage
+
+
+def token_embeddings(model: nn.Module) -> list[nn.Embedding]:
+    """The embeddings of ``model``'s vocabulary (its word embeddings, where pre-trained
+    vectors go: ``models.word_vectors``): every ``layers.TokenEmbedding``, and every plain
+    ``nn.Embedding`` with ``config.vocab_size`` rows (the RNN baselines'), each weight once,
+    in module order. One for most models; one per wrapped model of an ensemble, one per
+    decoder of ``hier_joint``."""
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    found: dict[int, nn.Embedding] = {}
+    for module in model.modules():
+        plain = type(module) is nn.Embedding and module.num_embeddings == vocab_size
+        if isinstance(module, TokenEmbedding) or plain:
+            found.setdefault(id(module.weight), module)  # type: ignore[arg-type]
+    return list(found.values())

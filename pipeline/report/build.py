@@ -17,13 +17,14 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.artifacts import Layout
-from pipeline.config import Params, Task
-from pipeline.data.corpora import corpus_spec
+from pipeline.config import Params
+from pipeline.data.corpora import CORPORA, corpus_spec
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.splits import Split
 from pipeline.eval.text import DEFAULT_TOKENIZE, bleu_signature
 from pipeline.machine import code_version
 from pipeline.models.unet import UNetConfig
+from pipeline.names import Task
 from pipeline.report import plots
 from pipeline.report.published import tables_markdown
 from pipeline.report.references import chance_references, unigram_references
@@ -126,7 +127,7 @@ def mask_example(
     for corpus in params.corpora:
         if Task.GENERATE not in params.corpus(corpus).tasks:
             continue
-        shards = Layout(root).shards(corpus.value)
+        shards = Layout(root).shards(corpus)
         dataset = open_split(shards, Task.GENERATE, MASK_SPLIT)
         vocab = load_vocab(shards)
         for index in range(len(dataset)):
@@ -136,7 +137,7 @@ def mask_example(
                 batch = dataset.collate([example])
                 tokens = [vocab.decode([int(i)], strip_special=False) for i in example.input_ids]
                 return MaskExample(
-                    corpus.value, example.dialogue_id, int(example.turn), batch.history, tokens
+                    corpus, example.dialogue_id, int(example.turn), batch.history, tokens
                 )
     return None
 
@@ -156,7 +157,7 @@ def unet_configs(runs: list[RunResult], vocab_size: int = 20000) -> list[tuple[s
 def make_figures(params: Params, root: Path, out: Path, runs: list[RunResult]) -> Figures:
     curves = [c for r in runs for c in read_curves(r, root)]
     write_curves_csv(curves, root / CURVES_FILE)
-    generate = [r for r in runs if r.task == Task.GENERATE.value]
+    generate = [r for r in runs if r.task is Task.GENERATE]
     example = mask_example(params, root)
     return Figures(
         learning_curves=plots.learning_curves(curves, out / "learning_curves.png"),
@@ -186,15 +187,15 @@ def conventions(runs: list[RunResult], bleu_tokenize: dict[str, str]) -> list[st
     """The "Metric conventions" section: how each number of the report was computed."""
     tasks = {r.task for r in runs}
     lines = ["## Metric conventions", ""]
-    if tasks & {"generate", "lm"}:
+    if tasks & {Task.GENERATE, Task.LM}:
         lines.append(
             "- Perplexity: exp of the summed token NLL over the whole test split divided by "
             "its target tokens (`<eos>` counted, padding not); a diverged run shows inf/NaN. "
             "VHRED/VHCR: importance-sampled over posterior draws (`evaluate.latent_samples`), "
             "their ELBO bound beside it; validation is the full negative ELBO."
         )
-    if "generate" in tasks:
-        corpora = sorted({r.corpus for r in runs if r.task == "generate"})
+    if Task.GENERATE in tasks:
+        corpora = sorted({r.corpus for r in runs if r.task is Task.GENERATE})
         signatures = "; ".join(
             f"{c}: `{bleu_signature(bleu_tokenize.get(c, DEFAULT_TOKENIZE))}`" for c in corpora
         )
@@ -204,7 +205,7 @@ def conventions(runs: list[RunResult], bleu_tokenize: dict[str, str]) -> list[st
             "extrema on unit-normalised word vectors, pairs whose response has no known word "
             "skipped (`Emb skipped`); greedy matching symmetric.",
         ]
-        if any(corpus_spec(c).task_oriented for c in corpora):
+        if any(c in CORPORA and CORPORA[c].task_oriented for c in corpora):
             lines += [
                 "- MultiWOZ tables add the HT-Encoder paper's GO_/EOS_-wrapped BLEU "
                 "(`BLEU (HIER scorer)`), which reads 0.6-2 points higher than sacrebleu.",
@@ -213,7 +214,7 @@ def conventions(runs: list[RunResult], bleu_tokenize: dict[str, str]) -> list[st
                 "Nekvinda & Dusek 2021 (the field's current table); `python -m pipeline "
                 "score multiwoz` gives both for any predictions file.",
             ]
-    if "select" in tasks:
+    if Task.SELECT in tasks:
         lines.append(
             "- Recall@k and MRR over each example's candidates; ties ranked pessimistically."
         )
@@ -318,7 +319,10 @@ def significance_scope(seeds: list[int]) -> str:
 
 def _bleu_tokenizers(params: Params) -> dict[str, str]:
     """Each corpus' BLEU tokenizer, from its spec (the evaluate stage's too)."""
-    return {c.value: corpus_spec(c.value).bleu_tokenize for c in params.tokenize.corpora}
+    return {
+        name: corpus_spec(name, corpus.source).bleu_tokenize
+        for name, corpus in params.tokenize.corpora.items()
+    }
 
 
 def log_to_mlflow(
@@ -363,13 +367,14 @@ def build_report(params: Params, root: str | Path = ".", seed: int = 0) -> Repor
     n_samples = params.evaluate.bootstrap_samples
     out = root / "reports"
     runs = load_results(params, root)
-    candidates = {c.value: p.select.n_candidates_eval for c, p in params.tokenize.corpora.items()}
+    candidates = {c: p.select.n_candidates_eval for c, p in params.tokenize.corpora.items()}
     references = (
         *unigram_references(runs, Layout(root)),
         *chance_references(runs, candidates),
     )
     tokenizers = _bleu_tokenizers(params)
-    tables = build_tables(runs, n_samples, seed, tokenizers, references)
+    own = frozenset(n for n, c in params.tokenize.corpora.items() if c.source is not None)
+    tables = build_tables(runs, n_samples, seed, tokenizers, references, own)
     figures = make_figures(params, root, out, runs)
     path = out / REPORT_FILE
     path.write_text(render(runs, tables, figures, out, n_samples, tokenizers))

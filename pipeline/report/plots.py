@@ -20,10 +20,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pipeline.data.batch import History
+from pipeline.eval.catalogue import HEADLINE
 from pipeline.models import masks
 from pipeline.models.unet import UNetConfig
+from pipeline.names import Task
 from pipeline.report.results import RunResult
-from pipeline.report.tables import HEADLINE
 
 DPI = 110
 
@@ -49,7 +50,7 @@ class Curve:
     """Validation loss of one run against the optimizer step."""
 
     key: str
-    task: str
+    task: Task
     steps: tuple[int, ...]
     values: tuple[float, ...]
 
@@ -63,7 +64,7 @@ def learning_curves(curves: Sequence[Curve], path: Path) -> Path:
             ax.plot(curve.steps, curve.values, marker="o", markersize=3, label=curve.key)
         ax.set_title(f"{task}: validation loss")
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel("ranking loss" if task == "select" else "cross-entropy (nats/token)")
+        ax.set_ylabel("ranking loss" if task is Task.SELECT else "cross-entropy (nats/token)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if ax.lines:

@@ -24,7 +24,8 @@ import enum
 import math
 from dataclasses import dataclass
 
-from pipeline.report.tables import Cell, Metric, Table, table_markdown
+from pipeline.eval.catalogue import Metric
+from pipeline.report.tables import Cell, Table, table_markdown
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,16 @@ random has ``R@k = k / N`` and ``MRR = H_N / N`` (``H_N``: the N-th harmonic num
 from __future__ import annotations
 
 from pipeline.artifacts import Layout
-from pipeline.eval.evaluate import RECALL_KS
+from pipeline.eval.catalogue import MRR, RECALL_KS, TEST_LOSS, TEST_PPL
 from pipeline.eval.unigram import unigram_score
+from pipeline.names import Task
 from pipeline.report.results import RunResult
-from pipeline.report.tables import MRR, TEST_LOSS, TEST_PPL, Reference
+from pipeline.report.tables import Reference
 
 UNIGRAM = "unigram"
 CHANCE = "chance"
 
-PERPLEXITY_TASKS = ("generate", "lm")
+PERPLEXITY_TASKS = (Task.GENERATE, Task.LM)
 
 
 def unigram_references(runs: list[RunResult], layout: Layout) -> tuple[Reference, ...]:
@@ -59,11 +60,11 @@ def unigram_references(runs: list[RunResult], layout: Layout) -> tuple[Reference
 def chance_references(runs: list[RunResult], n_candidates: dict[str, int]) -> tuple[Reference, ...]:
     """The chance level of each corpus with selection runs, for ``n_candidates[corpus]``
     candidates (one correct) per test example."""
-    corpora = dict.fromkeys(r.corpus for r in runs if r.task == "select")
+    corpora = dict.fromkeys(r.corpus for r in runs if r.task is Task.SELECT)
     references = []
     for corpus in corpora:
         n = n_candidates[corpus]
         values = {f"recall_at_{k}": min(k, n) / n for k in RECALL_KS}
         values[MRR.key] = sum(1 / r for r in range(1, n + 1)) / n
-        references.append(Reference(CHANCE, corpus, "select", values))
+        references.append(Reference(CHANCE, corpus, Task.SELECT, values))
     return tuple(references)

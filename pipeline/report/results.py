@@ -23,16 +23,17 @@ from pipeline.artifacts import (
     ExampleResult,
     Layout,
     TrainedSeed,
-    load_model,
     read_examples,
     read_metrics,
     read_train,
 )
 from pipeline.config import Params, run_label
+from pipeline.eval.catalogue import CI_SUFFIX
 from pipeline.eval.stats import mean_ci
 from pipeline.models import registry
-
-CI_SUFFIX = "_ci95"
+from pipeline.models.base import count_parameters
+from pipeline.models.saved import load_model
+from pipeline.names import Task
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,9 @@ class ExpectedRun:
 def expected_runs(params: Params) -> list[ExpectedRun]:
     """Every trained run (untuned ones first), in ``params.yaml`` order."""
     runs = [
-        ExpectedRun(k, t.model, t.corpus.value, False, t.variant)
-        for k, t in params.train.runs.items()
+        ExpectedRun(k, t.model, t.corpus, False, t.variant) for k, t in params.train.runs.items()
     ]
-    runs += [ExpectedRun(k, t.model, t.corpus.value, True) for k, t in params.tune.runs.items()]
+    runs += [ExpectedRun(k, t.model, t.corpus, True) for k, t in params.tune.runs.items()]
     return runs
 
 
@@ -76,7 +76,7 @@ class RunResult:
     key: str
     model: str
     corpus: str
-    task: str
+    task: Task
     tuned: bool
     metrics: dict[str, float]
     trained: tuple[TrainedSeed, ...]
@@ -109,8 +109,6 @@ class RunResult:
 
 def _n_parameters(path: Path) -> tuple[int, dict[str, Any]]:
     """Trainable parameters of an exported model, and its config."""
-    from pipeline.models.base import count_parameters
-
     model = load_model(path)
     return count_parameters(model), model.config.model_dump(mode="json")
 
@@ -125,7 +123,7 @@ def load_run(root: Path, run: ExpectedRun) -> RunResult:
         key=run.key,
         model=run.model,
         corpus=run.corpus,
-        task=registry.spec(run.model).task.value,
+        task=registry.spec(run.model).task,
         tuned=run.tuned,
         metrics=metrics,
         trained=trained,

@@ -36,7 +36,7 @@ from scipy import stats as scipy_stats
 
 from pipeline.artifacts import ExampleResult
 from pipeline.eval import text
-from pipeline.eval.evaluate import decode_label
+from pipeline.eval.generation import decode_label
 from pipeline.eval.perplexity import perplexity_of
 from pipeline.eval.stats import paired_bootstrap
 from pipeline.report.results import RunResult

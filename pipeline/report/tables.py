@@ -9,73 +9,43 @@ appears in the ``overview`` table (model, corpus, parameters, headline metric).
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field, replace
 
 from pipeline.config import run_label
+from pipeline.eval.catalogue import (
+    BLEU,
+    BLEU_BEAM5,
+    BLEU_HIER,
+    CHATEVAL,
+    CI_SUFFIX,
+    COMBINED,
+    DISTINCT_2,
+    ENTITY_F1,
+    HEADLINE,
+    INFORM,
+    INFORM_STD,
+    MRR,
+    PEARSON_P,
+    PEARSON_R,
+    RECALL,
+    SUCCESS,
+    SUCCESS_STD,
+    TEST_LOSS,
+    TEST_PPL,
+    TEST_PPL_ELBO,
+    VALID_LOSS,
+    Metric,
+)
 from pipeline.eval.text import DEFAULT_TOKENIZE, bleu_signature
-from pipeline.report.results import CI_SUFFIX, Estimate, RunResult
+from pipeline.names import Task
+from pipeline.report.results import Estimate, RunResult
 from pipeline.report.significance import Comparison, NotComparable, compare, is_tested
 
 
-class Better(enum.Enum):
-    HIGHER = "higher"
-    LOWER = "lower"
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A column: the ``metrics.json`` key (or train-manifest metric), its header, digits."""
-
-    key: str
-    label: str
-    digits: int = 2
-    better: Better = Better.HIGHER
-
-    @property
-    def tested(self) -> bool:
-        return is_tested(self.key)
-
-    def decoded(self, suffix: str) -> Metric:
-        """This metric of another decoding (``bleu`` -> ``bleu_hierbeam5``)."""
-        return Metric(f"{self.key}{suffix}", self.label, self.digits, self.better)
-
-
-VALID_LOSS = Metric("best_valid_loss", "Valid CE", 3, Better.LOWER)
-TEST_LOSS = Metric("test_loss", "Test CE", 3, Better.LOWER)
-TEST_PPL = Metric("test_ppl", "Test PPL", 2, Better.LOWER)
-# VHRED/VHCR: Test PPL is importance-sampled (evaluate.latent_samples draws); its bound:
-TEST_PPL_ELBO = Metric("test_ppl_elbo", "Test PPL (ELBO bound)", 2, Better.LOWER)
-AVG_LENGTH = Metric("avg_length", "Avg len", 2)
-DISTINCT_1 = Metric("distinct_1", "Distinct-1", 4)
-DISTINCT_2 = Metric("distinct_2", "Distinct-2", 4)
-EMB_AVERAGE = Metric("embedding_average", "Emb avg", 4)
-EMB_EXTREMA = Metric("embedding_extrema", "Emb extrema", 4)
-EMB_GREEDY = Metric("embedding_greedy", "Emb greedy", 4)
-# Pairs left out of Emb avg/extrema (no response word with a vector), as ChatEval does.
-EMB_SKIPPED = Metric("embedding_skipped", "Emb skipped", 0, Better.LOWER)
-PEARSON_R = Metric("length_loss_pearson_r", "Pearson r", 4, Better.LOWER)
-PEARSON_P = Metric("length_loss_pearson_p", "p", 4)
-BLEU = Metric("bleu", "BLEU", 2)
-BLEU_BEAM5 = Metric("bleu_beam5", "BLEU (beam 5)", 2)
-# The HT-Encoder paper's BLEU (GO_/EOS_-wrapped, eval.text.wrapped_bleu), beside sacrebleu's
-BLEU_HIER = Metric("bleu_hier", "BLEU (HIER scorer)", 2)
-ENTITY_F1 = Metric("entity_f1", "Entity-F1", 2)
-# Inform/Success in the official scheme (the HT-Encoder paper's) and the standardized one
-# (Nekvinda & Dusek 2021, the field's current table): eval.multiwoz, eval.multiwoz_standard.
-INFORM = Metric("inform", "Inform (official)", 2)
-SUCCESS = Metric("success", "Success (official)", 2)
-COMBINED = Metric("combined", "Score", 2)
-INFORM_STD = Metric("inform_standardized", "Inform (std.)", 2)
-SUCCESS_STD = Metric("success_standardized", "Success (std.)", 2)
-RECALL_1 = Metric("recall_at_1", "R@1", 4)
-RECALL_10 = Metric("recall_at_10", "R@10", 4)
-RECALL_50 = Metric("recall_at_50", "R@50", 4)
-MRR = Metric("mrr", "MRR", 4)
-
-# The headline metric of each task (overview table, bar plot).
-HEADLINE = {"generate": TEST_PPL, "select": RECALL_10, "lm": TEST_PPL}
+def tested(metric: Metric) -> bool:
+    """Whether rows get a significance mark for ``metric`` (``significance.is_tested``)."""
+    return is_tested(metric.key)
 
 
 @dataclass(frozen=True)
@@ -84,23 +54,19 @@ class TableSpec:
     metrics, and the baseline every row is tested against."""
 
     title: str
-    task: str
+    task: Task
     models: tuple[str, ...] | None
     metrics: tuple[Metric, ...]
     baseline: str
     decoding: str = ""  # the metrics' decode suffix (``_hierbeam5``); "" for greedy
+    topic: str = ""  # the title on a corpus of one's own, which no paper reported on
+
+    def title_on(self, own_corpus: bool) -> str:
+        return (self.topic or self.title) if own_corpus else self.title
 
 
 CHATEVAL_TITLE = "U-Net Transformer, Tables 4-5: ChatEval metrics ({decoding})"
-CHATEVAL_METRICS = (
-    AVG_LENGTH,
-    DISTINCT_1,
-    DISTINCT_2,
-    EMB_AVERAGE,
-    EMB_EXTREMA,
-    EMB_GREEDY,
-    EMB_SKIPPED,
-)
+CHATEVAL_METRICS = CHATEVAL
 UNET_BASELINES = ("s2sa", "hred", "vhred", "vhcr", "transformer", "adj_transformer")
 UNET_MODELS = (*UNET_BASELINES, "unet_linear", "unet_per_layer_att", "unet")
 HIER_MODELS = ("hred", "transformer", "set", "mat", "hier")
@@ -113,68 +79,77 @@ MULTIWOZ_METRICS = (
 SPECS = (
     TableSpec(
         "U-Net Transformer, Tables 1-2: validation cross-entropy and test perplexity",
-        "generate",
+        Task.GENERATE,
         UNET_MODELS,
         (VALID_LOSS, TEST_PPL, TEST_PPL_ELBO),
         "transformer",
+        topic="Validation loss and test perplexity",
     ),
     TableSpec(
         "U-Net Transformer, Table 6: ablation",
-        "generate",
+        Task.GENERATE,
         ("transformer", "transformer_skip", "transformer_skip_conv", "unet"),
         (TEST_PPL,),
         "transformer",
+        topic="U-Net ablation: test perplexity",
     ),
     TableSpec(
         CHATEVAL_TITLE.format(decoding="greedy decoding"),
-        "generate",
+        Task.GENERATE,
         None,
         CHATEVAL_METRICS,
         "transformer",
+        topic="ChatEval metrics (greedy decoding)",
     ),
     TableSpec(
         "U-Net Transformer, Table 7: Pearson correlation of history length and test loss",
-        "generate",
+        Task.GENERATE,
         None,
         (PEARSON_R, PEARSON_P),
         "transformer",
+        topic="Pearson correlation of history length and test loss",
     ),
     # One table per setting, as the paper's: what the model sees decides what it is
     # compared with (acts given by an oracle are no fair comparison with none).
     TableSpec(
         "HT-Encoder (HIER), Table 2: context-to-response without annotations",
-        "generate",
+        Task.GENERATE,
         HIER_MODELS,
         MULTIWOZ_METRICS,
         "transformer",
+        topic="HT-Encoder family: BLEU and perplexity",
     ),
     TableSpec(
         "HT-Encoder (HIER), Table 3: context-to-response with oracle dialogue acts",
-        "generate",
+        Task.GENERATE,
         HIER_ORACLE_ACT_MODELS,
         MULTIWOZ_METRICS,
         "hier_pp",
+        topic="HT-Encoder family with dialogue acts: BLEU and perplexity",
     ),
     TableSpec(
         "HT-Encoder (HIER), Table 5: end-to-end (belief state and acts predicted)",
-        "generate",
+        Task.GENERATE,
         ("hier_joint",),
         MULTIWOZ_METRICS,
         "hier_joint",
+        topic="HIER-Joint: BLEU and perplexity",
     ),
     TableSpec(
         "Highway Recurrent Transformer, Table 1: response selection",
-        "select",
+        Task.SELECT,
         None,
-        (RECALL_1, RECALL_10, RECALL_50, MRR),
+        (*RECALL.values(), MRR),
         "transformer_ranker",
+        topic="Response selection",
     ),
     TableSpec(
         "Hierarchical GPT, Tables 1-5: language-model perplexity",
-        "lm",
+        Task.LM,
         None,
         (TEST_LOSS, TEST_PPL),
         "gpt",
+        topic="Language-model perplexity",
     ),
 )
 
@@ -210,7 +185,7 @@ class Reference:
 
     name: str
     corpus: str
-    task: str
+    task: Task
     values: dict[str, float]
     note: str | None = None
 
@@ -250,9 +225,11 @@ def build_table(
     seed: int = 0,
     bleu_tokenize: str = DEFAULT_TOKENIZE,
     references: tuple[Reference, ...] = (),
+    own: bool = False,
 ) -> Table | None:
     """``spec`` for the runs on ``corpus`` (None if none of its models ran there), with
-    the ``references`` of its corpus and task as last rows."""
+    the ``references`` of its corpus and task as last rows. ``own``: a corpus of one's own,
+    which no paper reported on: the table gets its topic as title, and no paper rows."""
     chosen = [
         r
         for r in runs
@@ -284,7 +261,7 @@ def build_table(
         cells = []
         for metric in columns:
             comparison = None
-            tested = baseline is not None and run is not baseline and metric.tested
+            tested = baseline is not None and run is not baseline and is_tested(metric.key)
             if tested and run.estimate(metric.key) is not None:
                 if baseline.estimate(metric.key) is None:  # e.g. only HIER decodes beam 5
                     notes.append(f"{run.key}, {metric.label}: the baseline has none; untested.")
@@ -302,7 +279,7 @@ def build_table(
             rows.append(row)
             notes += [reference.note] if reference.note else []
     return Table(
-        spec.title,
+        spec.title_on(own),
         corpus,
         baseline_name,
         columns,
@@ -332,7 +309,8 @@ def decode_specs(runs: list[RunResult]) -> tuple[TableSpec, ...]:
         )
         title = CHATEVAL_TITLE.format(decoding=f"decoding {suffix.lstrip('_')}")
         baseline = "transformer" if "transformer" in models else models[0]
-        specs.append(TableSpec(title, "generate", models, metrics, baseline))
+        topic = f"ChatEval metrics (decoding {suffix.lstrip('_')})"
+        specs.append(TableSpec(title, Task.GENERATE, models, metrics, baseline, topic=topic))
     return tuple(specs)
 
 
@@ -369,10 +347,12 @@ def build_tables(
     seed: int = 0,
     bleu_tokenize: dict[str, str] | None = None,
     references: tuple[Reference, ...] = (),
+    own_corpora: frozenset[str] = frozenset(),
 ) -> list[Table]:
     """Every paper table that has runs, per corpus (corpora in order of first run).
     ``bleu_tokenize`` maps a corpus to its sacrebleu tokenizer (default ``13a``);
-    ``references`` are appended to the tables of their corpus and task."""
+    ``references`` are appended to the tables of their corpus and task; the corpora of
+    ``own_corpora`` (declared in params) get tables of their own (``build_table``)."""
     corpora = list(dict.fromkeys(r.corpus for r in runs))
     chateval = next(i for i, spec in enumerate(SPECS) if spec.metrics == CHATEVAL_METRICS)
     specs = (
@@ -385,7 +365,8 @@ def build_tables(
     for corpus in corpora:
         tokenize = (bleu_tokenize or {}).get(corpus, DEFAULT_TOKENIZE)
         for spec in specs:
-            table = build_table(spec, corpus, runs, n_samples, seed, tokenize, references)
+            own = corpus in own_corpora
+            table = build_table(spec, corpus, runs, n_samples, seed, tokenize, references, own)
             if table is not None:
                 tables.append(table)
     return tables
@@ -404,7 +385,7 @@ class OverviewRow:
     key: str
     model: str
     corpus: str
-    task: str
+    task: Task
     tuned: bool
     n_parameters: int
     seeds: int

@@ -1,10 +1,12 @@
-"""Training at scale.
+"""Training at scale, from a run plan (``pipeline.plan``) to exported weights.
 
-- ``loop``: one worker's loop for every model and task (local, Ray Train or Ray Tune);
-- ``checkpoint``, ``seed``: resumable state (atomic, weights-only files; RNG capture);
+- ``training`` / ``tuning``: the train and tune stages' logic (plan -> outputs, MLflow);
+- ``job``: a plan's model and data factories (picklable: Ray ships them to workers);
+- ``loop`` (+ ``context``, ``steps``): one worker's loop for every model and task, local,
+  on Ray Train or in a Ray Tune trial;
+- ``checkpoint``, ``seed``: resumable state (atomic, weights-only, versioned; RNG capture);
 - ``optim``: Adam/AdamW and the learning-rate schedules;
-- ``job``: the picklable model and data factories built from the registry and the shards;
-- ``distributed``: Ray Train (TorchTrainer, DDP) and the cluster connection;
-- ``tune``: Ray Tune with Optuna (TPE) and ASHA over the same loop;
-- ``run``: the train and tune stages' logic (params -> outputs, MLflow tracking).
+- ``distributed``: Ray Train (TorchTrainer, DDP); ``search`` (+ ``tune_progress``): Ray
+  Tune with Optuna (TPE) and ASHA over the same loop;
+- ``tracked``: a training's MLflow run.
 """

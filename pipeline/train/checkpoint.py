@@ -1,27 +1,23 @@
 """Training checkpoints: everything a killed run needs to continue as if never stopped.
 
-A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts (so it loads with
-``torch.load(weights_only=True)``, which never runs pickled code): model and optimizer and
-scheduler state, the training position (:class:`Progress`), every rank's RNG state, the best
-weights so far and the model's name and config. Files are written atomically: a crash leaves
-either the previous checkpoint or the new one, never a torn file.
+A :class:`TrainingState` is a versioned tensor record (``artifacts.files``): model,
+optimizer and scheduler state, the training position (:class:`Progress`), every rank's RNG
+state, the best weights so far and the model's name and config. It loads with
+``torch.load(weights_only=True)``, is written atomically, and a file of another format or
+with a field missing or renamed fails when read, naming the file.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipeline.errors import DataError
+from pipeline.artifacts import SavedModel, TensorRecord
 
 CHECKPOINT_FILE = "checkpoint.pt"
-FORMAT_VERSION = 1
 
 
 @dataclass
@@ -48,35 +44,40 @@ class Progress:
         return cls(**raw)
 
 
-def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
-    """Write ``state`` to ``path`` atomically (temp file in the same folder, fsync, rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT_VERSION, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+@dataclass(frozen=True)
+class TrainingState(TensorRecord):
+    """One checkpoint of a training run (rank 0 writes it; ``rng`` holds every rank's)."""
 
+    FORMAT = 2  # 1: an unchecked dict of the same keys
+    WHAT = "a training checkpoint (the run can start over: see the stage's message)"
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint` (``weights_only``: no code runs)."""
-    path = Path(path)
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except FileNotFoundError:
-        raise DataError(path, "checkpoint not found") from None
-    except Exception as err:  # torch raises several types for torn or foreign files
-        raise DataError(path, f"not a readable checkpoint ({type(err).__name__}: {err})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
-        raise DataError(path, f"not a hiertx checkpoint (expected format {FORMAT_VERSION})")
-    return state
+    model_name: str
+    model_config: dict[str, Any]
+    task: str
+    model: dict[str, torch.Tensor]
+    best_model: dict[str, torch.Tensor] | None
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    progress: dict[str, Any]
+    rng: list[dict[str, Any]]
+    metrics: dict[str, float]
+    seed: int
+
+    @property
+    def position(self) -> Progress:
+        return Progress.from_dict(self.progress)
+
+    def exported(self, metrics: dict[str, float], run_name: str) -> SavedModel:
+        """The model this run keeps: its best weights (the final ones if no evaluation
+        improved on the first), with what rebuilds it."""
+        return SavedModel(
+            model_name=self.model_name,
+            model_config=self.model_config,
+            task=self.task,
+            weights=self.best_model or self.model,
+            metrics=metrics,
+            run_name=run_name,
+        )
 
 
 def cpu_state(module_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

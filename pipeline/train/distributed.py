@@ -1,25 +1,16 @@
 """Ray Train: the loop of ``loop.py`` on N workers (DDP: gloo on CPU, nccl on GPU).
 
-``fit(job, scale)`` runs a :class:`~pipeline.train.loop.TrainJob` in-process
-(``num_workers: 0``, no Ray at all) or as a ``TorchTrainer`` whose run is named after the
-job (``<stage>-<model>-<corpus>-<params hash>``) under an absolute ``storage_path``: calling
-``fit`` again with the same name resumes from the latest reported checkpoint, and
-``FailureConfig(max_failures)`` restarts a failed worker group from it.
-
-Cluster: with ``$RAY_ADDRESS`` set, the driver joins that cluster. Otherwise it starts a
-private single-node cluster on 127.0.0.1 with a GCS port it picks, and exports that address
-to every Ray process it starts: Ray's own helpers (Train's placement-group cleaner, Tune's
-trial clean-up) otherwise auto-detect "the" cluster and fail when another one runs on the
-same machine.
+``fit(job, workers, placement, storage)`` runs a :class:`~pipeline.train.loop.TrainJob`
+in-process (``workers == 0``, no Ray at all) or as a ``TorchTrainer`` whose run is named
+after the job (its plan's identity) under an absolute ``storage``: calling ``fit`` again
+with the same name resumes from the latest intact checkpoint, and
+``FailureConfig(max_failures)`` restarts a failed worker group (a node lost) from it. The
+cluster is the one ``pipeline.cluster.ray_cluster`` joins.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,98 +18,20 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import ScaleParams
-from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint, save_checkpoint
+from pipeline.cluster import ray_cluster, use_gpu
+from pipeline.config import PlacementParams
+from pipeline.errors import HiertxError
+from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
+from pipeline.train.context import LocalContext, first_intact
 from pipeline.train.loop import TrainJob, summary, train_local, train_worker
 
-STORAGE_ENV = "HIERTX_STORAGE_PATH"
-DEFAULT_STORAGE = Path("runs") / "ray"
-
-
-def storage_path(scale: ScaleParams, root: str | Path) -> str:
-    """Where runs and checkpoints live: params, ``$HIERTX_STORAGE_PATH``, or
-    ``<root>/runs/ray``; local paths are made absolute (Ray workers run elsewhere)."""
-    path = scale.storage_path or os.environ.get(STORAGE_ENV) or str(Path(root) / DEFAULT_STORAGE)
-    if "://" in path:
-        return path
-    return str(Path(path).expanduser().resolve())
-
-
-def use_gpu(scale: ScaleParams) -> bool:
-    return torch.cuda.is_available() if scale.use_gpu is None else scale.use_gpu
-
-
-# --------------------------------------------------------------------------- cluster
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def ray_cluster(num_cpus: int | None = None) -> Iterator[None]:
-    """Connect to ``$RAY_ADDRESS``, or start a private loopback cluster for the block.
-
-    Reuses an already initialised Ray. Token authentication: Ray turns it on for a
-    cluster it starts (creating ``~/.ray/auth_token``); to join a cluster started with it,
-    export ``RAY_AUTH_MODE=token`` (and the token) before running.
-    """
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-        try:
-            yield
-        finally:
-            ray.shutdown()
-        return
-
-    from ray._private import ray_constants
-
-    port = _free_port()
-    env = {
-        "RAY_ADDRESS": f"127.0.0.1:{port}",
-        "RAY_GCS_SERVER_PORT": str(port),
-        # read by every Ray process: bind to 127.0.0.1 only
-        ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0",
-    }
-    saved_env = {k: os.environ.get(k) for k in env}
-    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ.update(env)
-    ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray before the env var
-    try:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=True,  # Tune/Train clean-up uses the state API it serves
-            dashboard_host="127.0.0.1",
-            dashboard_port=_free_port(),
-            log_to_driver=True,
-        )
-        yield
-    finally:
-        ray.shutdown()
-        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-# --------------------------------------------------------------------------- workers
+CHECKPOINTS_KEPT = 2  # the newest and the one before: a torn newest falls back to it
 
 
 class RayContext:
     """The loop's view of a Ray Train worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, restart: str) -> None:
         import ray.train
         import ray.train.torch
 
@@ -126,6 +39,7 @@ class RayContext:
         self.rank = ctx.get_world_rank()
         self.world_size = ctx.get_world_size()
         self.device = ray.train.torch.get_device()
+        self.restart = restart
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         import ray.train.torch
@@ -144,23 +58,60 @@ class RayContext:
         torch.distributed.all_gather_object(out, value)
         return out
 
-    def latest_checkpoint(self) -> dict[str, Any] | None:
+    def latest_checkpoint(self) -> TrainingState | None:
         import ray.train
 
-        checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
+        latest = ray.train.get_checkpoint()
+        if latest is None:
             return None
-        with checkpoint.as_directory() as folder:
-            return load_checkpoint(Path(folder) / CHECKPOINT_FILE)
+        readers = [lambda c=c: read_checkpoint(c) for c in [latest, *older_checkpoints(latest)]]
+        return first_intact(readers, latest.path, self.restart)[0]
 
-    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None) -> None:
+    def report(self, metrics: dict[str, float], checkpoint: TrainingState | None) -> None:
         import ray.train
 
         report_with_checkpoint(ray.train.report, ray.train.Checkpoint, metrics, checkpoint)
 
 
+def read_checkpoint(checkpoint: Any) -> TrainingState:
+    """The training state in a Ray ``Checkpoint`` (a folder, local or remote)."""
+    with checkpoint.as_directory() as folder:
+        return TrainingState.read(Path(folder) / CHECKPOINT_FILE)
+
+
+def checkpoint_folders(fs: Any, run: str) -> list[str]:
+    """The checkpoint folders of the Ray run folder ``run`` on filesystem ``fs`` (Ray Train
+    names them ``checkpoint_<time>``), newest first."""
+    import pyarrow.fs
+
+    if fs.get_file_info(run).type != pyarrow.fs.FileType.Directory:
+        return []
+    entries = fs.get_file_info(pyarrow.fs.FileSelector(run))
+    return sorted(
+        (
+            e.path
+            for e in entries
+            if e.base_name.startswith("checkpoint_") and e.type == pyarrow.fs.FileType.Directory
+        ),
+        reverse=True,
+    )
+
+
+def older_checkpoints(latest: Any) -> list[Any]:
+    """The run's other checkpoints, newest first: what a torn newest one falls back to."""
+    from ray.train import Checkpoint
+
+    newest = latest.path.rstrip("/")
+    run = newest.rsplit("/", 1)[0]
+    return [
+        Checkpoint(path, filesystem=latest.filesystem)
+        for path in checkpoint_folders(latest.filesystem, run)
+        if path != newest
+    ]
+
+
 def report_with_checkpoint(
-    report: Any, checkpoint_cls: Any, metrics: dict[str, float], state: dict[str, Any] | None
+    report: Any, checkpoint_cls: Any, metrics: dict[str, float], state: TrainingState | None
 ) -> None:
     """``report(metrics, checkpoint=...)`` with ``state`` written to a temporary folder
     (Ray copies it into the run's storage before returning)."""
@@ -168,15 +119,13 @@ def report_with_checkpoint(
         report(metrics, checkpoint=None)
         return
     with tempfile.TemporaryDirectory() as folder:
-        save_checkpoint(state, Path(folder) / CHECKPOINT_FILE)
+        state.write(Path(folder) / CHECKPOINT_FILE)
         report(metrics, checkpoint=checkpoint_cls.from_directory(folder))
 
 
 def _worker_main(config: dict[str, Any]) -> None:
-    train_worker(config["job"], RayContext())
-
-
-# --------------------------------------------------------------------------- fit
+    job: TrainJob = config["job"]
+    train_worker(job, RayContext(job.restart))
 
 
 @dataclass(frozen=True)
@@ -185,81 +134,100 @@ class FitResult:
 
     checkpoint: str
     metrics: dict[str, float]
-
-    def load(self) -> dict[str, Any]:
-        return load_checkpoint_uri(self.checkpoint)
+    state: TrainingState
 
 
-def load_checkpoint_uri(uri: str) -> dict[str, Any]:
-    """A checkpoint file from a local path or a Ray storage URI (``s3://.../checkpoint.pt``)."""
-    if "://" not in uri:
-        return load_checkpoint(uri)
-    from ray.train import Checkpoint
-
-    folder, _, name = uri.rpartition("/")
-    with Checkpoint(folder).as_directory() as local:
-        return load_checkpoint(Path(local) / name)
-
-
-def trainer(job: TrainJob, scale: ScaleParams, storage: str, callbacks: list | None = None) -> Any:
-    """The ``TorchTrainer`` of ``job`` (not started)."""
+def trainer(
+    job: TrainJob,
+    workers: int,
+    placement: PlacementParams,
+    storage: str,
+    callbacks: list | None = None,
+) -> Any:
+    """The ``TorchTrainer`` of ``job`` on ``workers`` workers placed as ``placement`` says
+    (not started)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    gpu = use_gpu(scale)
-    resources = {"CPU": scale.cpus_per_worker, **({"GPU": scale.gpus_per_worker} if gpu else {})}
+    gpu = use_gpu(placement)
+    resources = {"CPU": placement.cpus_per_worker}
+    if gpu:
+        resources["GPU"] = placement.gpus_per_worker
     return TorchTrainer(
         _worker_main,
         train_loop_config={"job": job},
         scaling_config=ScalingConfig(
-            num_workers=scale.num_workers,
+            num_workers=workers,
             use_gpu=gpu,
             resources_per_worker=resources,
-            placement_strategy=scale.placement_strategy.value,
+            placement_strategy=placement.strategy.value,
         ),
         run_config=RunConfig(
             name=job.name,
             storage_path=storage,
-            failure_config=FailureConfig(max_failures=scale.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            failure_config=FailureConfig(max_failures=placement.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
             callbacks=callbacks,
         ),
     )
 
 
-def has_checkpoint(name: str, scale: ScaleParams, storage: str) -> bool:
-    """Whether :func:`fit` of the job ``name`` will resume from a checkpoint (and so
-    continue an earlier run's history) rather than start from step 0."""
-    if scale.num_workers == 0:
-        return (Path(storage) / name / CHECKPOINT_FILE).is_file()
+def resume_step(name: str, workers: int, storage: str, restart: str = "") -> int | None:
+    """The step :func:`fit` of the job ``name`` will resume from (the newest intact
+    checkpoint's), or None when it starts from step 0; with no intact checkpoint, a
+    ``DataError`` says ``restart``, the command that starts the run over."""
+    if workers == 0:
+        state = LocalContext(Path(storage) / name, restart=restart).latest_checkpoint()
+        return None if state is None else state.position.step
     import pyarrow.fs
+    from ray.train import Checkpoint
 
     fs, root = pyarrow.fs.FileSystem.from_uri(storage)
-    run = f"{root.rstrip('/')}/{name}"
-    if fs.get_file_info(run).type != pyarrow.fs.FileType.Directory:
-        return False
-    # Ray Train names the folders of reported checkpoints checkpoint_<time>
-    folders = [
-        entry.path
-        for entry in fs.get_file_info(pyarrow.fs.FileSelector(run))
-        if entry.base_name.startswith("checkpoint_") and entry.type == pyarrow.fs.FileType.Directory
-    ]
-    return any(fs.get_file_info(f"{folder}/{CHECKPOINT_FILE}").is_file for folder in folders)
+    folders = checkpoint_folders(fs, f"{root.rstrip('/')}/{name}")
+    if not folders:
+        return None
+    readers = [lambda f=f: read_checkpoint(Checkpoint(f, filesystem=fs)) for f in folders]
+    state, _ = first_intact(readers, f"{storage.rstrip('/')}/{name}", restart)
+    return state.position.step
 
 
-def fit(job: TrainJob, scale: ScaleParams, storage: str) -> FitResult:
+def fit(job: TrainJob, workers: int, placement: PlacementParams, storage: str) -> FitResult:
     """Train ``job`` to the end (resuming if its run already has a checkpoint)."""
-    if scale.num_workers == 0:
+    if workers == 0:
         train_local(job)
-        path = Path(job.run_dir) / job.name / CHECKPOINT_FILE
-        return FitResult(str(path), summary(load_checkpoint(path)))
+        context = LocalContext(Path(storage) / job.name, restart=job.restart)
+        state = context.latest_checkpoint()
+        assert state is not None, "a finished local run has a checkpoint"
+        return FitResult(str(context.checkpoint_path), summary(state), state)
     with ray_cluster():
-        result = trainer(job, scale, storage).fit()
+        try:
+            result = trainer(job, workers, placement, storage).fit()
+        except Exception as err:  # Ray wraps what a worker raised (WorkerGroupError)
+            raise project_error(err) or err from None
     if result.error is not None:
-        raise result.error
+        raise project_error(result.error) or result.error
     if result.checkpoint is None:
         raise RuntimeError(f"Ray run {job.name} finished without a checkpoint")
+    state = read_checkpoint(result.checkpoint)
     uri = f"{result.checkpoint.path.rstrip('/')}/{CHECKPOINT_FILE}"
     if result.checkpoint.filesystem.type_name != "local":
         uri = f"{result.checkpoint.filesystem.type_name}://{uri}"
-    return FitResult(uri, summary(load_checkpoint_uri(uri)))
+    return FitResult(uri, summary(state), state)
+
+
+def project_error(error: BaseException) -> HiertxError | None:
+    """The project's own error inside what Ray raised for a failed worker (a diverged
+    run, a checkpoint that does not read), so the stage says it in one line."""
+    seen: set[int] = set()
+    todo: list[Any] = [error]
+    while todo:
+        err = todo.pop()
+        if err is None or id(err) in seen:
+            continue
+        seen.add(id(err))
+        if isinstance(err, HiertxError):
+            return err
+        todo += [err.__cause__, err.__context__, getattr(err, "cause", None)]
+        todo += list(getattr(err, "worker_failures", {}).values())
+        todo += list(getattr(err, "errors", None) or [])
+    return None

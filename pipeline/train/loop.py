@@ -1,8 +1,9 @@
 """One worker's training loop, the same for every model and task kind, local or on Ray.
 
-The loop sees its environment through a :class:`WorkerContext` (rank, device, collectives,
-checkpoint hand-off): ``LocalContext`` here runs in-process; ``distributed.RayContext`` and
-``tune.TuneContext`` run under Ray Train / Ray Tune. Order of one optimizer step:
+The loop sees its environment through a ``context.WorkerContext`` (rank, device,
+collectives, checkpoint hand-off): ``context.LocalContext`` in-process,
+``distributed.RayContext`` and ``search.TuneContext`` under Ray Train / Ray Tune. Order of
+one optimizer step:
 forward (bf16 autocast on GPU) -> backward -> clip -> step -> schedule; then, when due,
 evaluate (loss and perplexity summed over every rank's slice of the validation split, and
 a :class:`ValidationScore` when the job has one), checkpoint, and stop early when the
@@ -20,6 +21,13 @@ Determinism: worker ``r`` seeds ``seed + r``; a checkpoint holds every rank's RN
 the number of batches of the epoch already consumed, so a run resumed from any checkpoint
 makes exactly the updates the uninterrupted run made.
 
+Divergence stops the run: a non-finite training loss (seen where the loop reads the
+device anyway: at each logged step, evaluation and checkpoint, on every rank), a
+non-finite validation loss, or non-finite weights in a checkpoint raise
+``TrainingDiverged`` naming the run, the step and the knobs to look at. No checkpoint of
+non-finite weights is written and no model is exported, so a rerun with other knobs starts
+from the last good state only if its identity is the same (it is not: the knobs changed).
+
 Gradient averaging is token-weighted: each rank's loss is scaled by its share of the
 global token count before DDP averages gradients, so N workers with B examples each take
 the same step as one worker with the N*B examples (a plain average of per-rank means would
@@ -31,113 +39,34 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import Precision, RunParams, Task
+from pipeline.config import Precision, RunParams
 from pipeline.data.batch import Batch
+from pipeline.errors import TrainingDiverged
 from pipeline.eval.perplexity import perplexity_of
-from pipeline.models.base import LossOutput
+from pipeline.names import Task
 from pipeline.progress import Mode, Reporter
 from pipeline.tracking import NullTracker
-from pipeline.train.checkpoint import (
-    CHECKPOINT_FILE,
-    Progress,
-    cpu_state,
-    load_checkpoint,
-    save_checkpoint,
+from pipeline.train.checkpoint import Progress, TrainingState, cpu_state
+from pipeline.train.context import (
+    DataFactory,
+    LocalContext,
+    MetricSink,
+    ModelFactory,
+    StepHook,
+    ValidationScore,
+    WorkerContext,
 )
 from pipeline.train.optim import make_optimizer, make_scheduler
 from pipeline.train.seed import rng_state, seed_everything, set_rng_state
-
-# --------------------------------------------------------------------------- contracts
-
-
-class EpochData(Protocol):
-    """One rank's batches of one split (``job.ShardBatches`` wraps a ``BatchLoader``)."""
-
-    def set_epoch(self, epoch: int) -> None: ...
-
-    def __len__(self) -> int: ...
-
-    def iter_from(self, start: int) -> Iterator[Batch]:
-        """This epoch's batches, skipping the first ``start`` (resuming mid-epoch)."""
-        ...
-
-
-class ModelFactory(Protocol):
-    def __call__(self) -> nn.Module: ...
-
-
-class DataFactory(Protocol):
-    def __call__(self, rank: int, world_size: int) -> tuple[EpochData, EpochData]:
-        """(train, valid) batches for ``rank`` of ``world_size``."""
-        ...
-
-
-class MetricSink(Protocol):
-    """Where rank 0's metrics go (``tracking.Tracker``; ``tracking.NullTracker`` where
-    nothing is recorded)."""
-
-    recording: bool
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
-
-
-@runtime_checkable
-class StepHook(Protocol):
-    """Implemented by models whose training changes with progress (KL annealing, staged
-    training): called before every training forward pass."""
-
-    def on_train_step(self, step: int, epoch: int) -> None: ...
-
-
-class WorkerContext(Protocol):
-    """What the loop needs from where it runs."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Move ``model`` to the device (and wrap it for data parallelism)."""
-        ...
-
-    def all_reduce(self, values: Tensor) -> Tensor:
-        """Sum of ``values`` over ranks (returned, every rank gets it)."""
-        ...
-
-    def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order (every rank gets the list)."""
-        ...
-
-    def latest_checkpoint(self) -> dict[str, Any] | None: ...
-
-    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None) -> None:
-        """Publish metrics; persist ``checkpoint`` (rank 0's; other ranks pass ``None``)."""
-        ...
-
-
-class ValidationScore(Protocol):
-    """A score of the model's outputs on the validation split (higher is better) that a
-    run may select its weights on instead of the loss, reported under the key its
-    ``select_by`` reads (``Selection.metric``; ``eval.validation_score``)."""
-
-    def decode(
-        self, model: nn.Module, rank: int, world_size: int, device: torch.device
-    ) -> list[Any]:
-        """This rank's share of the outputs (the loop gathers every rank's)."""
-        ...
-
-    def score(self, outputs: list[Any]) -> dict[str, float]:
-        """The score and its parts from every rank's outputs."""
-        ...
+from pipeline.train.steps import LossModule, TrainWindow, to_device
 
 
 @dataclass(frozen=True)
@@ -147,8 +76,9 @@ class TrainJob:
     ``name`` identifies the run (the Ray run name; the local checkpoint folder under
     ``run_dir``). ``model_name`` is stored in checkpoints beside the config so a checkpoint
     rebuilds its model through the registry. ``label`` names the run in progress lines
-    (default ``train <name>``); ``show_progress: False`` prints none. ``validation_score``
-    is evaluated with the loss when ``params.select_by`` reads it.
+    and errors (default ``train <name>``); ``show_progress: False`` prints none.
+    ``validation_score`` is evaluated with the loss when ``params.select_by`` reads it.
+    ``restart`` is the command that starts the run over (said when no checkpoint reads).
     """
 
     name: str
@@ -161,6 +91,7 @@ class TrainJob:
     show_progress: bool = True
     label: str = ""
     validation_score: ValidationScore | None = None
+    restart: str = ""
 
 
 @dataclass
@@ -174,42 +105,6 @@ class EvalResult:
         if task != Task.SELECT:
             out["valid_ppl"] = perplexity_of(self.loss)
         return out
-
-
-# --------------------------------------------------------------------------- local
-
-
-class LocalContext:
-    """In-process, single worker; checkpoints in ``<run_dir>/checkpoint.pt``."""
-
-    rank = 0
-    world_size = 1
-
-    def __init__(self, run_dir: str | Path, device: torch.device | None = None) -> None:
-        self.run_dir = Path(run_dir)
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-    @property
-    def checkpoint_path(self) -> Path:
-        return self.run_dir / CHECKPOINT_FILE
-
-    def wrap_model(self, model: nn.Module) -> nn.Module:
-        return model.to(self.device)
-
-    def all_reduce(self, values: Tensor) -> Tensor:
-        return values
-
-    def gather(self, value: Any) -> list[Any]:
-        return [value]
-
-    def latest_checkpoint(self) -> dict[str, Any] | None:
-        if not self.checkpoint_path.is_file():
-            return None
-        return load_checkpoint(self.checkpoint_path)
-
-    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None) -> None:
-        if checkpoint is not None:
-            save_checkpoint(checkpoint, self.checkpoint_path)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -243,46 +138,68 @@ class _Run:
         self.dtype = autocast_dtype(self.p.precision, ctx.device)
         # only rank 0 logs
         self.sink = job.sink() if (job.sink is not None and ctx.rank == 0) else NullTracker()
-        self._window = _Window()
+        self._window = TrainWindow()
+        self._nonfinite: Tensor | None = None  # count of non-finite training losses, on device
         self.bar = Reporter(job.label or f"train {job.name}", show=False)  # run() replaces it
         self._loss_info = ""  # the last logged train loss, as progress shows it
 
     # ----------------------------------------------------------------- checkpoints
 
-    def restore(self, state: dict[str, Any]) -> None:
-        self.raw.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.progress = Progress.from_dict(state["progress"])
-        self.best_state = state.get("best_model")
-        self.last_eval = dict(state.get("metrics", {}))
-        rngs = state["rng"]
-        if len(rngs) != self.ctx.world_size:
+    def restore(self, state: TrainingState) -> None:
+        self.raw.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        self.progress = state.position
+        self.best_state = state.best_model
+        self.last_eval = dict(state.metrics)
+        if len(state.rng) != self.ctx.world_size:
             raise RuntimeError(
-                f"checkpoint was written by {len(rngs)} workers, this run has "
+                f"checkpoint was written by {len(state.rng)} workers, this run has "
                 f"{self.ctx.world_size}: resume with the same train.scale.num_workers"
             )
-        set_rng_state(rngs[self.ctx.rank])
+        set_rng_state(state.rng[self.ctx.rank])
 
-    def checkpoint_state(self) -> dict[str, Any] | None:
-        """The checkpoint dict on rank 0 (collective: every rank must call it)."""
+    def checkpoint_state(self) -> TrainingState | None:
+        """The checkpoint on rank 0 (collective: every rank must call it); a diverged run
+        raises instead of saving non-finite weights."""
         rngs = self.ctx.gather(rng_state())
         if self.ctx.rank != 0:
             return None
+        weights = self.raw.state_dict()
+        bad = next((k for k, v in weights.items() if not torch.isfinite(v).all()), None)
+        if bad is not None:
+            self.diverged(f"weight {bad} is not finite")
         config = getattr(self.raw, "config", None)
-        return {
-            "model_name": self.job.model_name,
-            "model_config": config.model_dump(mode="json") if config is not None else {},
-            "task": self.task.value,
-            "model": self.raw.state_dict(),
-            "best_model": self.best_state,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "progress": self.progress.to_dict(),
-            "rng": rngs,
-            "metrics": dict(self.last_eval),
-            "seed": self.p.seed,
-        }
+        return TrainingState(
+            model_name=self.job.model_name,
+            model_config=config.model_dump(mode="json") if config is not None else {},
+            task=self.task.value,
+            model=weights,
+            best_model=self.best_state,
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            progress=self.progress.to_dict(),
+            rng=rngs,
+            metrics=dict(self.last_eval),
+            seed=self.p.seed,
+        )
+
+    def diverged(self, what: str) -> None:
+        """Stop the run: ``what`` went non-finite at the current step."""
+        p = self.p
+        raise TrainingDiverged(
+            f"{self.job.label or self.job.name} diverged at step {self.progress.step}: {what}; "
+            f"look at its optimizer.lr ({p.optimizer.lr:g}), schedule "
+            f"({p.schedule.kind.value}, warm-up {p.schedule.warmup_steps}), clip_norm "
+            f"({p.clip_norm}) and precision ({p.precision.value}) under train.defaults, "
+            "train.models.<model> or the run's overrides"
+        )
+
+    def check_finite(self) -> None:
+        """Raise if any training loss since the last check was not finite (reads the
+        device: called where the loop reads it anyway)."""
+        if self._nonfinite is not None and bool(self.ctx.all_reduce(self._nonfinite.clone())):
+            self.diverged("the training loss is not finite")
 
     def publish(self, with_checkpoint: bool) -> None:
         metrics = {
@@ -290,6 +207,7 @@ class _Run:
             "epoch": float(self.progress.epoch),
             **self.last_eval,
         }
+        self.check_finite()
         state = self.checkpoint_state() if with_checkpoint else None
         self.ctx.report(metrics, state)
 
@@ -308,6 +226,8 @@ class _Run:
             self.raw.on_train_step(prog.step, prog.epoch)
         with self.autocast():
             out = self.model(batch)
+        bad = (~torch.isfinite(out.loss.detach())).float()
+        self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
         n_local = out.n_tokens.detach().float()
         n_global = self.ctx.all_reduce(n_local.clone()) if self.ctx.world_size > 1 else n_local
         scale = n_local * self.ctx.world_size / n_global.clamp(min=1)
@@ -323,6 +243,8 @@ class _Run:
         self.scheduler.step()
         prog.step += 1
         prog.batch_in_epoch += 1
+        if prog.step % p.log_every == 0:
+            self.check_finite()
         # Only rank 0 logs: other ranks skip the accumulation and its kernels altogether.
         if self.sink.recording or self.bar.mode != Mode.OFF:
             self._window.add(out, grad_norm, lr, batch.batch_size)
@@ -355,6 +277,9 @@ class _Run:
         return EvalResult(loss, n, scorer.score(outputs))
 
     def after_eval(self, result: EvalResult) -> None:
+        self.check_finite()
+        if not math.isfinite(result.loss) and result.n_tokens > 0:
+            self.diverged(f"the validation loss is {result.loss}")
         prog, select = self.progress, self.p.select_by
         prog.last_eval_step = prog.step
         self.last_eval = result.metrics(self.task)
@@ -453,6 +378,8 @@ class _Run:
             show=self.job.show_progress and self.ctx.rank == 0,
         )
         with self.bar:
+            if state is not None:  # a resumed stage, or Ray Train restarting a lost worker group
+                self.bar.note(f"resumed from the checkpoint of step {prog.step}")
             while not prog.finished:
                 self.run_epoch()
             # A run that stopped mid-epoch evaluates its final weights before the last report.
@@ -480,9 +407,9 @@ def final_metrics(progress: Progress, task: Task | str) -> dict[str, float]:
     return out
 
 
-def summary(state: dict[str, Any]) -> dict[str, float]:
+def summary(state: TrainingState) -> dict[str, float]:
     """The final metrics recorded in a checkpoint."""
-    return final_metrics(Progress.from_dict(state["progress"]), state["task"])
+    return final_metrics(state.position, state.task)
 
 
 def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:
@@ -492,105 +419,4 @@ def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:
 
 def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, float]:
     """Run ``job`` in this process (``train.scale.num_workers: 0``)."""
-    return train_worker(job, LocalContext(Path(job.run_dir) / job.name, device))
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
-    """``batches`` moved to ``device``, in order.
-
-    On CUDA the copy runs one batch ahead: batch k+1 is collated, pinned and its
-    ``non_blocking`` copy queued before batch k is handed out, so the host prepares the next
-    batch while the device is still busy with the step before. The copy goes on the current
-    stream, so the kernels that later read the batch wait for it. At most one batch past the
-    last one handed out is pulled from ``batches``. On other devices each batch is moved
-    when it is handed out.
-    """
-    if device.type != "cuda":
-        for batch in batches:
-            yield batch.to(device)
-        return
-    ahead: Batch | None = None
-    for batch in batches:
-        moved = batch.pin_memory().to(device, non_blocking=True)
-        if ahead is not None:
-            yield ahead
-        ahead = moved
-    if ahead is not None:
-        yield ahead
-
-
-class LossModule(nn.Module):
-    """``forward(batch) = model.loss(batch)``: DDP synchronises gradients of what runs
-    through ``forward``, and models expose ``loss``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.inner = model
-
-    def forward(self, batch: Batch) -> LossOutput:
-        return self.inner.loss(batch)
-
-
-class _Window:
-    """Train metrics accumulated between two logged steps.
-
-    The sums stay on the device (one float64 vector, detached, the same size whatever the
-    window's length) so that a step never waits for the device; :meth:`flush` reads them
-    back once per logged step. float64 sums of the per-step values give exactly the numbers
-    that summing them as Python floats gave.
-    """
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.sums: Tensor | None = None  # loss, nll_sum, n_tokens, then out.terms' values
-        self.names: tuple[str, ...] = ()  # the keys of out.terms, in the order of self.sums
-        self.steps = self.examples = 0
-        self.grad_norm: Tensor | None = None  # the last step's; None = no clipping
-        self.lr = math.nan
-        self.start = time.perf_counter()
-
-    def add(self, out: LossOutput, grad_norm: Tensor | None, lr: float, examples: int) -> None:
-        values = torch.stack(
-            [
-                v.detach().double()
-                for v in (out.loss, out.nll_sum, out.n_tokens, *out.terms.values())
-            ]
-        )
-        names = tuple(out.terms)
-        if self.sums is None:
-            self.sums, self.names = values, names
-        elif names != self.names:
-            raise ValueError(f"loss terms changed within a log window: {self.names} -> {names}")
-        else:
-            self.sums += values
-        self.steps += 1
-        self.examples += examples
-        self.grad_norm = None if grad_norm is None else grad_norm.detach()
-        self.lr = lr
-
-    def flush(self, task: Task) -> dict[str, float]:
-        assert self.sums is not None, "flush() follows at least one add()"
-        # Read the device before the clock, so the time covers the steps still queued on it.
-        loss, nll_sum, tokens, *terms = self.sums.tolist()
-        grad_norm = None if self.grad_norm is None else float(self.grad_norm)
-        seconds = max(time.perf_counter() - self.start, 1e-9)
-        nll = nll_sum / max(tokens, 1.0)
-        out = {
-            "train_loss": loss / self.steps,
-            "train_nll": nll,
-            "lr": self.lr,
-            "examples_per_s": self.examples / seconds,
-            "tokens_per_s": tokens / seconds,
-        }
-        if task != Task.SELECT:
-            out["train_ppl"] = perplexity_of(nll)
-        if grad_norm is not None:
-            out["grad_norm"] = grad_norm
-        out.update({f"train_{k}": v / self.steps for k, v in zip(self.names, terms, strict=True)})
-        self.reset()
-        return out
+    return train_worker(job, LocalContext(Path(job.run_dir) / job.name, device, job.restart))

@@ -41,6 +41,7 @@ def test_candidate_learns_the_batch(name: str) -> None:
 def test_step_stamps_record_training_steps_only(tmp_path: Path) -> None:
     path = tmp_path / "stamps.jsonl"
     sink = StepStamps(str(path))()
+    assert sink.recording  # the loop logs its training steps only to a recording sink
     sink.log_metrics({"train_loss": 1.0, "lr": 0.1}, step=1)
     sink.log_metrics({"valid_loss": 2.0, "epoch": 0.0}, step=1)
     sink.log_metrics({"train_loss": 0.9, "lr": 0.1}, step=2)

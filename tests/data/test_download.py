@@ -20,6 +20,7 @@ from pipeline.data.corpora import CorpusSpec, SourceFile
 from pipeline.data.download import MIRROR_ENV, download_corpus, download_spec, fetch, sha256_file
 from pipeline.data.formats import ptb
 from pipeline.errors import DownloadError
+from stages.check import main as check_stage
 from stages.download import main as download_stage
 
 PAYLOAD = bytes(range(256)) * 1200  # 300 KiB: several read chunks, so a cut lands mid-file
@@ -311,8 +312,12 @@ def test_chitchat_copies_the_package_file(tmp_path: Path) -> None:
 
 
 def test_stage_downloads_ptb(
-    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    shared_data: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # the stages' data/sources/ is in the working folder
     params = tmp_path / "params.yaml"
     raw = {
         "corpora": ["ptb"],
@@ -320,7 +325,14 @@ def test_stage_downloads_ptb(
         "tokenize": {"corpora": {"ptb": {}}},
     }
     params.write_text(yaml.safe_dump(raw))
-    assert download_stage(["ptb", "--params", str(params), "--out", str(tmp_path / "raw")]) == 0
+    download = ["ptb", "--params", str(params), "--out", str(tmp_path / "raw")]
+    # the corpus's source is the check stage's record: without it, nothing is fetched
+    assert download_stage(download) == 1
+    assert "data/sources/ptb.json: missing: run the check stage" in capsys.readouterr().err
+    assert not (tmp_path / "raw").exists()
+    assert check_stage(["--params", str(params)]) == 0
+    capsys.readouterr()
+    assert download_stage(download) == 0
     assert "ptb: 3 files" in capsys.readouterr().out
     assert download_stage(["ptb", "--params", str(tmp_path / "missing.yaml")]) == 1
     assert "not found" in capsys.readouterr().err

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pipeline.config import GenerateParams, LMParams, SelectParams, VocabParams
-from pipeline.data import read_corpus
 from pipeline.data.acts import ActInventory, delexicalize, serialize_acts, serialize_belief
+from pipeline.data.corpora import read_corpus
 from pipeline.data.dialogue import Dialogue, Turn
 from pipeline.data.encoding import (
     EncodedDialogue,

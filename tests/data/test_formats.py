@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import SplitParams
-from pipeline.data import Dialogue, ParseStats, read_corpus
+from pipeline.data.corpora import read_corpus
+from pipeline.data.dialogue import Dialogue
+from pipeline.data.formats import ParseStats
 from pipeline.errors import ConfigError, DataError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -441,7 +443,10 @@ def test_dstc7_malformed_examples(tmp_path: Path) -> None:
 
 
 def test_read_corpus_argument_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown corpus 'ubuntu'"):
+    # a name that is not built in is a declared corpus, read from its download folder
+    with pytest.raises(DataError, match="ubuntu is no built-in corpus"):
+        read_corpus("ubuntu")
+    with pytest.raises(DataError, match=r"SOURCES\.json: missing: run the download stage"):
         read_corpus("ubuntu", tmp_path)
     with pytest.raises(ConfigError, match="unknown split"):
         read_corpus("ptb", tmp_path, "training")

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.artifacts import VOCAB_FILE
-from pipeline.config import Params, Task
+from pipeline.config import Params
 from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
 from pipeline.data.loader import (
     BatchLoader,
@@ -33,6 +33,7 @@ from pipeline.data.records import (
 )
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.errors import DataError
+from pipeline.names import Task
 
 
 def arr(*values: int, dtype: type = np.int32) -> np.ndarray:

@@ -14,14 +14,16 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from pipeline.config import RunParams, SelectParams, Task, TokenizeParams
+from pipeline.config import RunParams, SelectParams, TokenizeParams, parse_params
 from pipeline.data.loader import BatchLoader, ExampleDataset, collate, open_split
 from pipeline.data.records import Rows, SelectExample, examples_equal
 from pipeline.data.resample import draws_key
 from pipeline.data.shards import read_manifest
 from pipeline.data.special import EOS_ID, SPEAKER_OTHER, SPEAKER_SELF
 from pipeline.data.tokenize import tokenize_corpus
-from pipeline.train.job import ConfiguredModel, ShardBatches, ShardData, data_fingerprint
+from pipeline.names import Task
+from pipeline.plan import RunPlan, RunRequest, plan_training
+from pipeline.train.job import ConfiguredModel, ShardBatches, ShardData
 from pipeline.train.loop import TrainJob, train_local
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -35,6 +37,7 @@ CHITCHAT = {
     "select": {"n_candidates_train": N_TRAIN, "n_candidates_eval": 12},
 }
 MIN_UTTERANCES = 2
+RUN = "hrt_last-chitchat"
 
 
 def tokenized(root: Path, corpus: str, settings: dict, raw: Path | None = None) -> Path:
@@ -60,6 +63,21 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             with_select(CHITCHAT, resample_negatives=True, augment_min_utterances=MIN_UTTERANCES),
         ),
     }
+
+
+def planned(folder: Path, projects: Path) -> RunPlan:
+    """The train stage's plan of an ``hrt_last`` run on the tokenized ``folder`` (as the
+    chitchat shards of a project of its own): the same params for every folder."""
+    root = projects / folder.name
+    (root / "data" / "shards").mkdir(parents=True)
+    (root / "data" / "shards" / "chitchat").symlink_to(folder.resolve())
+    params = parse_params(
+        {
+            "tokenize": {"corpora": {"chitchat": CHITCHAT}},
+            "train": {"runs": {RUN: {"model": "hrt_last", "corpus": "chitchat"}}},
+        }
+    )
+    return plan_training(RunRequest.of(params, RUN), root)
 
 
 def text(a: np.ndarray) -> tuple[int, ...]:
@@ -111,7 +129,9 @@ def test_augmentation_needs_the_draws_and_defaults_are_off() -> None:
 # --------------------------------------------------------------------------- off
 
 
-def test_off_the_examples_and_batches_are_the_stored_ones(folders: dict[str, Path]) -> None:
+def test_off_the_examples_and_batches_are_the_stored_ones(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
     dataset = open_split(folders["off"], Task.SELECT, "train")
     assert dataset.draws is None
     loader = BatchLoader(dataset, 5, seed=5)
@@ -124,9 +144,11 @@ def test_off_the_examples_and_batches_are_the_stored_ones(folders: dict[str, Pat
         assert path.read_bytes() == (folders["on"] / "select" / path.name).read_bytes()
     # Run names of folders without the draws are what they were; with them they differ.
     assert draws_key(read_manifest(folders["off"])) == ""
-    assert data_fingerprint(folders["off"]) == read_manifest(folders["off"]).fingerprint()
-    assert data_fingerprint(folders["on"]) != data_fingerprint(folders["off"])
-    assert data_fingerprint(folders["augment"]) != data_fingerprint(folders["on"])
+    plans = {name: planned(folder, tmp_path) for name, folder in folders.items()}
+    assert plans["off"].data == read_manifest(folders["off"]).fingerprint()
+    assert plans["on"].data != plans["off"].data and plans["on"].name != plans["off"].name
+    assert plans["augment"].data != plans["on"].data
+    assert plans["augment"].name != plans["on"].name
 
 
 def test_validation_and_test_candidates_stay_fixed(folders: dict[str, Path]) -> None:
@@ -307,7 +329,7 @@ def test_hrt_trains_with_per_epoch_draws(folders: dict[str, Path], tmp_path: Pat
     tiny = {"d_model": 16, "d_embed": 16, "d_ff": 32, "n_heads": 2, "n_layers": 1}
     sizes = read_manifest(root).data_sizes()
     model = ConfiguredModel(sizes)("hrt_last", params.model_copy(update={"model": tiny}))
-    data = ShardData(str(root), Task.SELECT.value, batch_size=8, eval_batch_size=8, seed=1)
+    data = ShardData(str(root), Task.SELECT, batch_size=8, eval_batch_size=8, seed=1)
     job = TrainJob("hrt", "hrt_last", model, data, params, str(tmp_path), show_progress=False)
     metrics = train_local(job)
     assert metrics["steps"] == 6 and math.isfinite(metrics["best_valid_loss"])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.artifacts import MANIFEST_FILE, TokenizeRecord
-from pipeline.config import GenerateParams, LMParams, SelectParams, Task, VocabParams
+from pipeline.config import GenerateParams, LMParams, SelectParams, VocabParams
 from pipeline.data import shards
 from pipeline.data.dialogue import Dialogue, Turn
 from pipeline.data.encoding import EncodedDialogue, encode_dialogues, vocab_texts
@@ -29,6 +29,7 @@ from pipeline.data.shards import (
 )
 from pipeline.data.vocab import build_vocab
 from pipeline.errors import DataError
+from pipeline.names import Task
 
 
 def arr(*values: int, dtype: type = np.int32) -> np.ndarray:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifacts import MANIFEST_FILE, SOURCES_FILE, DownloadRecord, VerifiedFile
-from pipeline.config import Params, Task, TokenizeParams
+from pipeline.config import Params, TokenizeParams
 from pipeline.data.formats import ParseStats
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.shards import read_manifest
@@ -17,6 +17,7 @@ from pipeline.data.splits import Split
 from pipeline.data.tokenize import read_splits, tokenize_corpus
 from pipeline.data.vocab import word_tokenize
 from pipeline.errors import ConfigError, DataError
+from pipeline.names import Task
 from stages import tokenize as stage
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -60,7 +61,7 @@ def test_chitchat_tokenizes_deterministically_with_a_train_only_vocab(tmp_path: 
     held_out = {w for s in ("valid", "test") for d in splits[s] for t in d.turns
                 for w in word_tokenize(t.text)}  # fmt: skip
     assert held_out - train_words and not (held_out - train_words) & set(vocab.tokens)
-    assert manifest.params["corpus"]["max_dialogues"] == 20
+    assert manifest.params is not None and manifest.params.corpus.max_dialogues == 20
     assert len(open_split(tmp_path / "a", Task.SELECT, "test")[0].candidate_ids) == 10
 
 

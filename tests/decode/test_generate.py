@@ -15,15 +15,9 @@ from pipeline.data.batch import GenerateBatch
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.decode import DecodeConfig, GenerationOutput, generate, length_penalty
 from pipeline.models import registry
-from pipeline.models.base import Seq2SeqModel
-from pipeline.models.layers import (
-    Decoder,
-    DecoderCache,
-    EncoderLayer,
-    SinusoidalPositions,
-    TokenEmbedding,
-    padding_mask,
-)
+from pipeline.models.base import BlockDims, Seq2SeqModel
+from pipeline.models.blocks import Decoder, DecoderCache, EncoderLayer
+from pipeline.models.layers import SinusoidalPositions, TokenEmbedding, padding_mask
 from tests.batches import random_generate_batch
 
 VOCAB = 40
@@ -62,8 +56,8 @@ class TinyTransformer(Seq2SeqModel):
         super().__init__()
         self.embed = TokenEmbedding(vocab, d)
         self.positions = SinusoidalPositions(d)
-        self.encoder = EncoderLayer(d, 4, 64, dropout=0.0)
-        self.decoder = Decoder(vocab, d, 2, 4, 64, dropout=0.0)
+        self.encoder = EncoderLayer(BlockDims(d, 4, 64, dropout=0.0))
+        self.decoder = Decoder(vocab, 2, BlockDims(d, 4, 64, dropout=0.0))
 
     def encode(self, batch: GenerateBatch) -> TinyMemory:
         h = batch.history

@@ -18,7 +18,6 @@ from pipeline.artifacts import (
     EvalRecord,
     ExampleResult,
     Layout,
-    load_model,
     read_examples,
     read_train,
 )
@@ -27,9 +26,13 @@ from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, generate
 from pipeline.eval import text
-from pipeline.eval.evaluate import EvalSettings, aggregate, decode_label, evaluate_run
+from pipeline.eval.collect import aggregate
+from pipeline.eval.generation import decode_label
 from pipeline.eval.ranking import first_correct_ranks
-from pipeline.train.seeds import seed_values, train_seeds, with_seed
+from pipeline.eval.stage import EvalSettings, evaluate_run
+from pipeline.models.saved import load_model
+from pipeline.plan import SEED_STRIDE, RunRequest, plan_training
+from pipeline.train.training import train_seeds
 
 TOKENIZE = {
     "corpora": {
@@ -95,16 +98,22 @@ def settings(raw: dict) -> EvalSettings:
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
-    """A project with tokenized chitchat and one trained seed of each tiny model."""
+def tokenized(tmp_path_factory) -> Path:
+    """A project with tokenized chitchat."""
     root = tmp_path_factory.mktemp("evalproject")
     tokenize_corpus(
         "chitchat", None, root / "data" / "shards" / "chitchat", parse_params(project_params())
     )
+    return root
+
+
+@pytest.fixture(scope="module")
+def project(tokenized) -> Path:
+    """The tokenized project with one trained seed of each tiny model."""
     params = parse_params(project_params())
     for name in MODELS:
-        train_seeds(params, name, "chitchat", root, show_progress=False)
-    return root
+        train_seeds(RunRequest.of(params, f"{name}-chitchat"), tokenized, show_progress=False)
+    return tokenized
 
 
 def read_rows(root: Path, key: str) -> tuple[ExampleResult, ...]:
@@ -140,13 +149,22 @@ def test_aggregate_means_and_ci_over_seeds():
     assert "n_examples_ci95" not in three
 
 
-def test_seeds_override_only_the_seed():
-    params = parse_params(project_params())
-    seeded = with_seed(params, "gpt", "chitchat", 2234)
-    assert seeded.train.run("gpt", "chitchat").seed == 2234
-    assert seeded.train.run("gpt", "chitchat").model == params.train.run("gpt", "chitchat").model
-    assert seeded.train.run("transformer", "chitchat").seed == 1234
-    assert seed_values(1234, 3) == [1234, 2234, 3234]
+def test_seeds_override_only_the_seed(tokenized):
+    raw = project_params()
+    raw["train"]["runs"]["gpt-chitchat"]["overrides"] = {"seeds": 3}
+    params = parse_params(raw)
+    plan = plan_training(RunRequest.of(params, "gpt-chitchat"), tokenized)
+    assert SEED_STRIDE == 1000 and plan.seeds == [1234, 2234, 3234]
+    seeded = plan.for_seed(1)
+    assert seeded.knobs.seed == 2234 and seeded.seed_index == 1
+    assert seeded.knobs.model_dump(exclude={"seed"}) == plan.knobs.model_dump(exclude={"seed"})
+    assert seeded.config == plan.config and seeded.seeds == plan.seeds
+    assert seeded.name != plan.name  # each seed its own run (checkpoints, MLflow run)
+    out = Layout(tokenized.resolve()).train_out("gpt-chitchat")
+    assert seeded.model_file == out / "seed-1" / "model.pt"
+    assert plan.knobs.seed == 1234  # a copy: the first seed's plan is unchanged
+    other = plan_training(RunRequest.of(params, "transformer-chitchat"), tokenized)
+    assert other.knobs.seed == 1234 and other.seeds == [1234]
 
 
 @pytest.mark.slow  # trains three tiny models once (module fixture)
@@ -206,6 +224,9 @@ def test_generate_metrics_match_direct_computation(project):
     assert 0.0 <= metrics["length_loss_pearson_p"] <= 1.0
     samples = (out / "samples.md").read_text()
     assert rows[0].id in samples and "generated (beam3)" in samples
+    # evaluate.n_samples (2) examples, each with its history, reference and decodings
+    assert samples.count("\n## ") == 2 and samples.count("- history: ") == 2
+    assert f"## {rows[1].id}\n" in samples and f"## {rows[2].id}\n" not in samples
     assert EvalRecord.read(out / SEEDS_FILE).seeds[0].metrics == pytest.approx(metrics, nan_ok=True)
 
 
@@ -265,7 +286,7 @@ def test_several_seeds_mean_ci_and_mlflow(tmp_path, monkeypatch, project):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     raw = project_params(tracking=True)
     raw["train"]["runs"][KEY]["overrides"] = {"seeds": 2}
-    record = train_seeds(parse_params(raw), "transformer", "chitchat", root, False)
+    record = train_seeds(RunRequest.of(parse_params(raw), KEY), root, False)
     assert [s.seed for s in record.seeds] == [1234, 2234]
     assert record.seeds[1].checkpoint == f"data/train/{KEY}/seed-1/model.pt"
 

@@ -14,22 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data import read_corpus
+from pipeline.data.corpora import read_corpus
 from pipeline.data.dialogue import Dialogue
 from pipeline.errors import DataError
 from pipeline.eval.multiwoz import (
-    MultiWozDB,
     combined_score,
     entity_f1,
     evaluate_dialogue,
     inform_success,
     multiwoz_scores,
     official_placeholders,
-    official_value,
     parse_goal,
     placeholders,
     system_turns,
 )
+from pipeline.eval.multiwoz_db import MultiWozDB, official_value
 
 RESTAURANT_ID, HOTEL_TRAIN_ID = "SNG0689", "MUL0671"
 

@@ -19,7 +19,7 @@ from pipeline.cli import main
 from pipeline.data.formats.multiwoz import booked_domains
 from pipeline.errors import DataError
 from pipeline.eval import multiwoz_norm as norm
-from pipeline.eval.multiwoz import MultiWozDB
+from pipeline.eval.multiwoz_db import MultiWozDB
 from pipeline.eval.multiwoz_score import Scheme, load_predictions, load_test_dialogues, score
 from pipeline.eval.multiwoz_standard import (
     Goal,
@@ -230,8 +230,8 @@ def test_booked_domains_from_metadata():
 
 
 def test_evaluate_stage_reports_both_schemes(shared_data):
-    from pipeline.data import read_corpus
-    from pipeline.eval.evaluate import multiwoz_metrics
+    from pipeline.data.corpora import read_corpus
+    from pipeline.eval.generation import multiwoz_metrics
     from pipeline.eval.multiwoz import system_turns
     from tests.eval.test_multiwoz import GOOD, RESTAURANT_ID
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import Task
 from pipeline.data.batch import GenerateBatch, LMBatch
 from pipeline.data.special import PAD_ID
 from pipeline.eval.perplexity import (
@@ -21,6 +20,7 @@ from pipeline.eval.perplexity import (
     token_nll,
 )
 from pipeline.models.base import LanguageModel, SelectModel, Seq2SeqModel, select_batch_dim
+from pipeline.names import Task
 from tests.batches import make_history, random_generate_batch
 
 V = 50

@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.artifacts import SavedModel
 from pipeline.config import parse_params
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.shards import read_manifest
 from pipeline.data.splits import Split
 from pipeline.data.tokenize import tokenize_corpus
-from pipeline.eval.evaluate import example_id
+from pipeline.eval.collect import example_id
 from pipeline.eval.validation_score import MultiWozValidationScore
 from pipeline.models import registry
+from pipeline.plan import RunRequest, checked, plan_training
 
 TOKENIZE = {  # delexicalised, as the HT-Encoder paper trains
     "corpora": {
@@ -66,7 +68,9 @@ def project(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return root
 
 
-def scorer(project: Path, batch_size: int = 8) -> MultiWozValidationScore:
+def scorer(
+    project: Path, batch_size: int = 8, max_batches: int | None = None
+) -> MultiWozValidationScore:
     params = parse_params({"tokenize": TOKENIZE, "corpora": ["multiwoz"]})
     return MultiWozValidationScore(
         shards=str(project / "data" / "shards" / "multiwoz"),
@@ -74,6 +78,7 @@ def scorer(project: Path, batch_size: int = 8) -> MultiWozValidationScore:
         corpus="multiwoz",
         corpus_params=params.corpus("multiwoz"),
         batch_size=batch_size,
+        max_batches=max_batches,
     )
 
 
@@ -131,11 +136,12 @@ def test_ranks_decode_disjoint_shares_of_the_whole_split(project):
 
 @pytest.mark.slow
 def test_a_run_selected_on_the_score_records_it(project, tmp_path):
-    from pipeline.train.run import train_run
+    from pipeline.train.job import validation_score
+    from pipeline.train.training import train_plan
 
     root = tmp_path / "p"
     shutil.copytree(project / "data", root / "data")
-    params = parse_params(
+    params = checked(
         {
             "corpora": ["multiwoz"],
             "tokenize": TOKENIZE,
@@ -153,19 +159,24 @@ def test_a_run_selected_on_the_score_records_it(project, tmp_path):
             "tracking": {"enabled": False},
         }
     )
-    seed = train_run(params, "hier", "multiwoz", root, show_progress=False)
+    plan = plan_training(RunRequest.of(params, "hier-multiwoz"), root)
+    # the job scores the plan's validation split against its raw dialogues
+    assert validation_score(plan) == scorer(root, batch_size=8, max_batches=2)
+    seed = train_plan(plan, show_progress=False)
     assert seed.metrics["best_step"] in (2.0, 4.0) and seed.metrics["steps"] == 4.0
     assert 0.0 <= seed.metrics["best_valid_score"] <= 300.0
+    exported = SavedModel.read(plan.model_file)
+    assert exported.metrics["best_valid_score"] == seed.metrics["best_valid_score"]
 
 
 @pytest.mark.slow
 def test_a_search_on_the_score_records_its_best_trials_score(project, tmp_path, capsys):
-    from pipeline.train.run import tune_run
+    from pipeline.train.tuning import tune_run
 
     root = tmp_path / "p"
     shutil.copytree(project / "data", root / "data")
     heads = {"kind": "int", "low": 1, "high": 2}
-    params = parse_params(
+    params = checked(
         {
             "corpora": ["multiwoz"],
             "tokenize": TOKENIZE,
@@ -183,7 +194,7 @@ def test_a_search_on_the_score_records_its_best_trials_score(project, tmp_path, 
             "tracking": {"enabled": False},
         }
     )
-    best = tune_run(params, "hier", "multiwoz", root)
+    best = tune_run(RunRequest.of(params, "hier-multiwoz", search=True), root)
     trial = re.compile(r"tune hier-multiwoz: trial \d/2 \w+ (finished|stopped early by ASHA) ")
     lines = [line for line in capsys.readouterr().err.splitlines() if trial.match(line)]
     scores = [float(line.split("valid score ")[1].split()[0]) for line in lines]

@@ -33,6 +33,19 @@ def _containers(pod_template: dict) -> list[dict]:
 
 
 def _check_cluster_spec(spec: dict) -> None:
+    """A CPU head, GPU workers, and every pod mounting the one shared data volume where the
+    project keeps data/ (workers read the shards the head tokenized)."""
+    pvc = yaml.safe_load((INFRA / "kuberay" / "data-pvc.yaml").read_text())
+    assert pvc["kind"] == "PersistentVolumeClaim" and pvc["spec"]["accessModes"] == [
+        "ReadWriteMany"
+    ]
+    for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
+        pod = group["template"]["spec"]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
+        mounts = {
+            m["mountPath"]: m["name"] for m in _containers(group["template"])[0]["volumeMounts"]
+        }
+        assert claims[mounts["/home/ray/hiertx/data"]] == pvc["metadata"]["name"]
     head = spec["headGroupSpec"]
     assert isinstance(head["rayStartParams"], dict)
     assert _containers(head["template"])[0]["image"]
@@ -55,7 +68,7 @@ def test_kuberay_raycluster() -> None:
 def test_kuberay_rayjob_runs_the_pipeline() -> None:
     doc = yaml.safe_load((INFRA / "kuberay" / "rayjob.yaml").read_text())
     assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayJob")
-    assert "dvc repro" in doc["spec"]["entrypoint"]
+    assert "python -m pipeline.repro --jobs" in doc["spec"]["entrypoint"]
     assert doc["spec"]["shutdownAfterJobFinishes"] is True
     assert doc["spec"]["rayClusterSpec"]["rayVersion"] == ray.__version__
     _check_cluster_spec(doc["spec"]["rayClusterSpec"])

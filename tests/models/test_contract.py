@@ -18,13 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.artifacts import load_model, save_model
-from pipeline.config import Task, parse_params
+from pipeline.artifacts import SavedModel
+from pipeline.config import parse_params
 from pipeline.data.loader import open_split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, generate
 from pipeline.eval.perplexity import example_nll
 from pipeline.models import registry
+from pipeline.models.saved import load_model
+from pipeline.names import Task
 
 # Overrides that shrink a config, applied where the config has the field and the name
 # does not fix it; a few families need their own (below).
@@ -154,10 +156,9 @@ def test_save_load_through_the_stage_contract_and_the_evaluation_path(name, corp
     model, dataset, examples = setup(name, corpora)
     batch = dataset.collate(examples[:2])
     task = registry.spec(name).task
-    path = save_model(
-        tmp_path / "model.pt", name, model.config.model_dump(mode="json"), task.value,
-        model.state_dict(),
-    )  # fmt: skip
+    path = SavedModel(
+        name, model.config.model_dump(mode="json"), task.value, model.state_dict()
+    ).write(tmp_path / "model.pt")
     loaded = load_model(path)
     torch.testing.assert_close(per_example(loaded, batch, task), per_example(model, batch, task))
     if task == Task.GENERATE:

@@ -8,13 +8,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pipeline.config import Task
 from pipeline.data.special import BOS_ID, EOS_ID, SPECIAL_TOKENS
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
 from pipeline.models.gpt import GPT
 from pipeline.models.stack import extent, scatter_rows
+from pipeline.names import Task
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch
 
 VOCAB = 40

@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pipeline.config import Task
 from pipeline.data.special import EOS_ID
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
 from pipeline.models.hgpt import HierarchicalGPT, Stage
+from pipeline.names import Task
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch, shared_data_dir
 
 VOCAB = 40

@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
+from pipeline.artifacts import DataSizes
 from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.errors import ConfigError
 from pipeline.models import masks, registry
-from pipeline.models.base import DataSizes
 from pipeline.models.hier import HierJoint, HierTransformer, greedy_tokens
 from pipeline.models.masks import ContextMask, MemoryKeys
 from tests.batches import chitchat_generate_batch, make_history, random_generate_batch

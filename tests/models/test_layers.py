@@ -9,11 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.models.base import count_parameters
+from pipeline.models.base import BlockDims, count_parameters
+from pipeline.models.blocks import Decoder, EncoderLayer
 from pipeline.models.layers import (
     OUTPUT_GAIN,
-    Decoder,
-    EncoderLayer,
     FeedForward,
     KVCache,
     MultiHeadAttention,
@@ -137,7 +136,7 @@ def _two_groups() -> tuple[TokenGroups, torch.Tensor]:
 
 def test_grouped_attention_equals_a_block_diagonal_mask() -> None:
     groups, block = _two_groups()
-    layer = EncoderLayer(8, 2, 16, dropout=0.0).train()
+    layer = EncoderLayer(BlockDims(8, 2, 16, dropout=0.0)).train()
     x = torch.randn(5, 8, requires_grad=True)
     grouped = layer(x, groups=groups)
     masked = layer(x.unsqueeze(0), mask=block).squeeze(0)
@@ -161,19 +160,19 @@ def test_blocks_of_queries_attend_their_own_key_sets() -> None:
     )
     mask = torch.ones(1, 5, 5, dtype=torch.bool)
     mask[0, :3, 3:] = False
-    layer = EncoderLayer(8, 2, 16, dropout=0.0)
+    layer = EncoderLayer(BlockDims(8, 2, 16, dropout=0.0))
     x = torch.randn(5, 8)
     assert torch.allclose(layer(x, groups=blocks), layer(x[None], mask=mask)[0], atol=1e-6)
 
 
 def test_attention_dropout_is_separate_from_dropout() -> None:
-    layer = EncoderLayer(8, 2, 16, dropout=0.3, attention_dropout=0.0)
+    layer = EncoderLayer(BlockDims(8, 2, 16, dropout=0.3, attention_dropout=0.0))
     assert layer.attn.dropout == 0.0 and layer.dropout.p == 0.3
-    assert EncoderLayer(8, 2, 16, dropout=0.3).attn.dropout == 0.3
-    decoder = Decoder(11, 8, 1, 2, 16, dropout=0.2, attention_dropout=0.5)
+    assert EncoderLayer(BlockDims(8, 2, 16, dropout=0.3)).attn.dropout == 0.3
+    decoder = Decoder(11, 1, BlockDims(8, 2, 16, dropout=0.2, attention_dropout=0.5))
     assert decoder.layers[0].self_attn.dropout == decoder.layers[0].cross_attn.dropout == 0.5
     # Attention-probability dropout alone still randomises training outputs.
-    only_attn = EncoderLayer(8, 2, 16, dropout=0.0, attention_dropout=0.5).train()
+    only_attn = EncoderLayer(BlockDims(8, 2, 16, dropout=0.0, attention_dropout=0.5)).train()
     x = torch.randn(2, 6, 8)
     assert not torch.allclose(only_attn(x), only_attn(x))
     assert torch.allclose(only_attn.eval()(x), only_attn(x))
@@ -209,7 +208,7 @@ def test_static_cache_projects_memory_once() -> None:
 
 
 def test_encoder_layer_as_gpt_block_is_causal() -> None:
-    layer = EncoderLayer(8, 2, 16, dropout=0.0).eval()
+    layer = EncoderLayer(BlockDims(8, 2, 16, dropout=0.0)).eval()
     x = torch.randn(1, 6, 8)
     y = x.clone()
     y[0, 4] += 1.0
@@ -219,7 +218,7 @@ def test_encoder_layer_as_gpt_block_is_causal() -> None:
 
 
 def _decoder(d_memory=None) -> Decoder:
-    return Decoder(30, 8, n_layers=2, n_heads=2, d_ff=16, dropout=0.0, d_memory=d_memory).eval()
+    return Decoder(30, 2, BlockDims(8, 2, 16, dropout=0.0), d_memory=d_memory).eval()
 
 
 def test_decoder_cache_equals_full_decoding_and_reorders() -> None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import Task
+from pipeline.artifacts import DataSizes
 from pipeline.errors import ConfigError
 from pipeline.models import registry
-from pipeline.models.base import DataSizes, LanguageModel, SelectModel, Seq2SeqModel
+from pipeline.models.base import LanguageModel, SelectModel, Seq2SeqModel
+from pipeline.names import Task
 
 GENERATE = [
     "transformer", "adj_transformer", "transformer_skip", "transformer_skip_conv", "unet",

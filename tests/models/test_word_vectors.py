@@ -11,16 +11,17 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.artifacts import DataSizes
 from pipeline.data.special import SPECIAL_TOKENS
 from pipeline.errors import DataError
 from pipeline.models import registry
-from pipeline.models.base import DataSizes, token_embeddings
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.word_vectors import (
     DimensionError,
     copy_into,
     load_word_vectors,
     read_word_vectors,
+    token_embeddings,
 )
 
 # ids 0-4 are the special tokens; the words: a=5, b=6, c=7

@@ -102,8 +102,9 @@ def lm_rows(nll: list[list[float]], tokens: int = 10) -> list[dict]:
 
 
 def params_for(models: list[str], tuned: list[str] = (), **sections):
-    """Validated params training ``models`` (and tuning ``tuned``) on chitchat."""
-    from pipeline.config import parse_params
+    """Checked params (as a stage reads them) training ``models`` (and tuning ``tuned``)
+    on chitchat."""
+    from pipeline.plan import checked
 
     raw = {
         "tokenize": TOKENIZE,
@@ -116,4 +117,4 @@ def params_for(models: list[str], tuned: list[str] = (), **sections):
         },
         **sections,
     }
-    return parse_params(raw)
+    return checked(raw)

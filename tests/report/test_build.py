@@ -11,6 +11,7 @@ import yaml
 from pipeline import tracking
 from pipeline.artifacts import MlflowRef
 from pipeline.report.build import build_report
+from pipeline.tracking import store
 from tests.report.conftest import TOKENIZE, lm_rows, params_for, write_run
 
 
@@ -19,7 +20,7 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     root = tmp_path / "project"
     shutil.copytree(shards_project / "data" / "shards", root / "data" / "shards")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv(tracking.TRACKING_URI_ENV, uri)
+    monkeypatch.setenv(store.TRACKING_URI_ENV, uri)
     # a training run with a validation history, as the train loop logs it
     tracker = tracking.Tracker.start(uri, uri, "hiertx/generate/chitchat", run_name="t")
     for step, loss in ((10, 5.0), (20, 4.5), (30, 4.25)):
@@ -79,7 +80,7 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     assert (out / "tables.json").is_file()
 
     # the same tables and figures are in MLflow
-    client = tracking._client(uri)
+    client = store.mlflow_client(uri)
     run = client.get_run(report.mlflow_run_id)
     assert run.data.tags["hiertx.covers.transformer-chitchat"] == tracker.run_id
     names = {a.path for a in client.list_artifacts(report.mlflow_run_id)}

@@ -31,17 +31,22 @@ TINY_TRANSFORMER = {
 }
 
 
-@pytest.fixture(scope="session")
-def project(tmp_path_factory) -> Path:
-    """A project folder holding ``data/shards/chitchat`` (about 400 train examples)."""
-    root = tmp_path_factory.mktemp("project")
+def tokenized(root: Path, tokenize: dict | None = None) -> Path:
+    """``root`` holding ``data/shards/chitchat`` tokenized as ``tokenize`` says (default
+    :data:`TOKENIZE`: about 400 train examples)."""
     tokenize_corpus(
         "chitchat",
         None,
         root / "data" / "shards" / "chitchat",
-        parse_params({"tokenize": TOKENIZE}),
+        parse_params({"tokenize": tokenize or TOKENIZE}),
     )
     return root
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory) -> Path:
+    """A project folder holding ``data/shards/chitchat`` (about 400 train examples)."""
+    return tokenized(tmp_path_factory.mktemp("project"))
 
 
 def stage_params(**sections) -> dict:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from pydantic import Field
 from torch import nn
 
-from pipeline.config import Task
+from pipeline.config import RunParams
 from pipeline.data.batch import GenerateBatch
 from pipeline.models.base import LossOutput, ModelConfig, select_batch_dim, token_loss
+from pipeline.names import Task
+from pipeline.train.checkpoint import Progress, TrainingState
+from pipeline.train.optim import make_optimizer, make_scheduler
+from pipeline.train.seed import rng_state
 from tests.batches import random_generate_batch
 
 VOCAB = 40
@@ -121,3 +126,61 @@ class ParameterCountScore:
 
     def score(self, outputs: list[int]) -> dict[str, float]:
         return {"valid_score": float(sum(outputs))}
+
+
+class Diverging(ToyModel):
+    """The toy model whose training goes non-finite from its step ``at`` on: its loss
+    (``what="loss"``) or a weight the loss does not use (``what="weight"``)."""
+
+    def __init__(self, at: int, what: str) -> None:
+        super().__init__(ToyConfig(vocab_size=VOCAB, d_model=8))
+        self.at, self.what, self.step = at, what, 0
+        self.spare = nn.Parameter(torch.zeros(2))
+
+    def on_train_step(self, step: int, epoch: int) -> None:
+        self.step = step + 1  # the step about to be taken
+        if self.what == "weight" and self.step >= self.at:
+            with torch.no_grad():
+                self.spare.fill_(math.inf)
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        out = super().loss(batch)
+        if self.training and self.what == "loss" and self.step >= self.at:
+            out = replace(out, loss=out.loss * math.nan)
+        return out
+
+
+@dataclass(frozen=True)
+class DivergingFactory:
+    at: int
+    what: str
+
+    def __call__(self) -> nn.Module:
+        return Diverging(self.at, self.what)
+
+
+def toy_state(progress: Progress | None = None, seed: int = 7) -> TrainingState:
+    """A checkpoint of the toy model as the loop writes one: real optimizer and scheduler
+    state (one step taken), this process's RNG state, best weights apart from the last."""
+    model = ToyFactory()()
+    params = RunParams()
+    optimizer = make_optimizer(model, params.optimizer)
+    scheduler = make_scheduler(optimizer, params.schedule)
+    best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    batch = random_generate_batch(4, VOCAB, seed=1)
+    model.loss(batch).loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return TrainingState(
+        model_name="toy",
+        model_config=model.config.model_dump(mode="json"),
+        task=Task.GENERATE.value,
+        model=model.state_dict(),
+        best_model=best,
+        optimizer=optimizer.state_dict(),
+        scheduler=scheduler.state_dict(),
+        progress=(progress or Progress(step=1)).to_dict(),
+        rng=[rng_state()],
+        metrics={"valid_loss": 3.5},
+        seed=seed,
+    )

@@ -1,4 +1,5 @@
-"""The training loop in local mode: learning, early stopping, resume, checkpoints."""
+"""The training loop in local mode: learning, early stopping, resume (past a torn checkpoint),
+checkpoints, divergence, train metrics and progress."""
 
 from __future__ import annotations
 
@@ -19,16 +20,27 @@ import torch
 from torch import nn
 
 from pipeline import progress
-from pipeline.config import RunParams, ScheduleKind, ScheduleParams, Task
+from pipeline.config import RunParams
 from pipeline.data.batch import GenerateBatch
+from pipeline.errors import DataError, TrainingDiverged
 from pipeline.models.base import LossOutput
+from pipeline.names import Task
 from pipeline.train import loop
-from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from pipeline.train.loop import TrainJob, _Window, to_device, train_local
-from pipeline.train.optim import lr_factor, make_optimizer, make_scheduler
+from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
+from pipeline.train.context import PREVIOUS_FILE
+from pipeline.train.loop import TrainJob, train_local
+from pipeline.train.optim import make_optimizer, make_scheduler
 from pipeline.train.seed import seed_everything
+from pipeline.train.steps import TrainWindow, to_device
 from tests.batches import random_generate_batch
-from tests.train.helpers import VOCAB, PoolFactory, ToyConfig, ToyFactory, ToyModel
+from tests.train.helpers import (
+    VOCAB,
+    DivergingFactory,
+    PoolFactory,
+    ToyConfig,
+    ToyFactory,
+    ToyModel,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,13 +85,16 @@ def test_loss_goes_down_and_checkpoint_holds_everything(tmp_path):
     assert sum(train[-8:]) < sum(train[:8]) * 0.8
     assert evals[-1] < evals[0]
     assert metrics["best_valid_ppl"] == pytest.approx(math.exp(min(evals)))
-    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
-    assert state["progress"]["finished"] and state["progress"]["stop_reason"] == "epochs"
-    assert set(state) >= {"model", "optimizer", "scheduler", "rng", "best_model", "model_config"}
-    assert state["model_config"]["d_model"] == 8 and state["model_name"] == "toy"
+    state = TrainingState.read(tmp_path / "run" / CHECKPOINT_FILE)
+    assert state.position.finished and state.position.stop_reason == "epochs"
+    assert state.model_config["d_model"] == 8 and state.model_name == "toy"
+    assert state.task == "generate" and state.seed == 7 and len(state.rng) == 1
+    assert state.optimizer["state"] and state.scheduler and state.best_model is not None
+    assert state.metrics["valid_loss"] == evals[-1]
     # the checkpoint is loadable without unpickling code
     raw = torch.load(tmp_path / "run" / CHECKPOINT_FILE, weights_only=True)
     assert raw["progress"]["step"] == 32
+    assert set(raw) >= {"model", "optimizer", "scheduler", "rng", "best_model", "model_config"}
 
 
 class _Scripted(nn.Module):
@@ -121,9 +136,9 @@ def test_early_stopping_keeps_the_best_weights(tmp_path):
     # best at the 2nd evaluation (step 4); the 3rd and 4th (equal is no improvement) stop it
     assert metrics["best_valid_loss"] == 4.0 and metrics["best_step"] == 4
     assert metrics["steps"] == 8
-    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
-    assert state["progress"]["stop_reason"] == "early_stopping"
-    assert state["best_model"]["w"] != state["model"]["w"]
+    state = TrainingState.read(tmp_path / "run" / CHECKPOINT_FILE)
+    assert state.position.stop_reason == "early_stopping"
+    assert state.best_model["w"] != state.model["w"]
 
 
 @dataclass
@@ -154,11 +169,11 @@ def test_selecting_on_a_score_keeps_the_best_scored_weights_not_the_lowest_loss(
     assert metrics["best_valid_score"] == 30.0 and metrics["best_step"] == 4
     assert metrics["best_valid_loss"] == 4.0  # the kept weights' loss, not the lowest (2.0)
     assert metrics["steps"] == 8
-    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
-    assert state["progress"]["stop_reason"] == "early_stopping"
-    assert state["progress"]["best_score"] == 30.0
-    assert state["best_model"]["w"] != state["model"]["w"]
-    assert state["metrics"]["valid_score"] == 30.0 and state["metrics"]["valid_part"] == 1.0
+    state = TrainingState.read(tmp_path / "run" / CHECKPOINT_FILE)
+    assert state.position.stop_reason == "early_stopping"
+    assert state.position.best_score == 30.0
+    assert state.best_model["w"] != state.model["w"]
+    assert state.metrics["valid_score"] == 30.0 and state.metrics["valid_part"] == 1.0
     # the loss alone picks the last evaluation of the same script
     by_loss = replace(
         job, params=RunParams.model_validate({**job.params.model_dump(), "select_by": "valid_loss"})
@@ -171,17 +186,8 @@ def test_selecting_on_a_score_needs_one(tmp_path):
         train_local(make_job(tmp_path, select_by="multiwoz_score"))
 
 
-def test_noam_and_linear_warmup_schedules():
-    noam = ScheduleParams(kind=ScheduleKind.NOAM, warmup_steps=4)
-    factors = [lr_factor(s, noam) for s in range(12)]
-    assert max(factors) == pytest.approx(1.0) and factors.index(max(factors)) == 3
-    assert factors[0] == pytest.approx(0.25) and factors[11] == pytest.approx((4 / 12) ** 0.5)
-    linear = ScheduleParams(kind=ScheduleKind.LINEAR_WARMUP, warmup_steps=4)
-    assert [lr_factor(s, linear) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-
-
 def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(run_dir / CHECKPOINT_FILE)["model"]
+    return TrainingState.read(run_dir / CHECKPOINT_FILE).model
 
 
 @pytest.mark.parametrize("fail_at", [2, 4, 8, 13])
@@ -192,14 +198,128 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path, fail_at):
     with pytest.raises(KeyboardInterrupt):
         train_local(make_job(tmp_path / "b", sink=sink, **params))
     saved = tmp_path / "b" / "run" / CHECKPOINT_FILE
+    previous = saved.with_name(PREVIOUS_FILE)
     assert saved.is_file() == (fail_at >= 3)  # the first checkpoint is at step 3
+    assert previous.is_file() == (fail_at >= 6)  # the one before, from the second on
     if saved.is_file():
-        before = load_checkpoint(saved)["progress"]
-        assert fail_at - 3 < before["step"] <= fail_at and not before["finished"]
+        before = TrainingState.read(saved).position
+        assert fail_at - 3 < before.step <= fail_at and not before.finished
+    if previous.is_file():
+        assert TrainingState.read(previous).position.step == before.step - 3
     resumed = train_local(make_job(tmp_path / "b", **params))
     assert resumed == full
     for k, v in _final_weights(tmp_path / "a" / "run").items():
         assert torch.equal(v, _final_weights(tmp_path / "b" / "run")[k]), k
+
+
+def _interrupted(tmp: Path, fail_at: int, **params) -> Path:
+    """The run folder of a run killed after step ``fail_at`` (checkpoints every 3 steps)."""
+    with pytest.raises(KeyboardInterrupt):
+        train_local(make_job(tmp, sink=ListSink([], fail_at=fail_at), **params))
+    return tmp / "run"
+
+
+def _tear(path: Path) -> bytes:
+    """Cut ``path`` short, as a full disk or a copy cut short leaves it; its new bytes."""
+    torn = path.read_bytes()[: path.stat().st_size // 2]
+    path.write_bytes(torn)
+    return torn
+
+
+_RESUMED = {"dropout": 0.3, "checkpoint_every": 3, "eval_every": 5, "epochs": 2}
+
+
+def test_a_torn_newest_checkpoint_resumes_from_the_one_before(tmp_path):
+    full = train_local(make_job(tmp_path / "a", **_RESUMED))
+    run = _interrupted(tmp_path / "b", 8, **_RESUMED)
+    assert TrainingState.read(run / CHECKPOINT_FILE).position.step == 6
+    assert TrainingState.read(run / PREVIOUS_FILE).position.step == 3
+    _tear(run / CHECKPOINT_FILE)
+    sink = ListSink([])
+    with pytest.warns(UserWarning, match=r"passing over a checkpoint.*checkpoint\.pt: unreadable"):
+        resumed = train_local(make_job(tmp_path / "b", sink=sink, **_RESUMED))
+    assert next(step for step, m in sink.log if "train_loss" in m) == 4  # after step 3's
+    assert resumed == full
+    for k, v in _final_weights(tmp_path / "a" / "run").items():
+        assert torch.equal(v, _final_weights(run)[k]), k
+
+
+def test_a_resumed_run_keeps_an_intact_checkpoint_before_its_newest(tmp_path):
+    """Passing over a torn newest checkpoint, the run goes on two deep: the torn file is
+    not kept as "the one before" in place of the intact checkpoint it resumed from."""
+    run = _interrupted(tmp_path, 8, **_RESUMED)
+    _tear(run / CHECKPOINT_FILE)
+    # resumed from step 3, killed again right after its next checkpoint (step 6)
+    with pytest.warns(UserWarning, match="passing over a checkpoint"):
+        _interrupted(tmp_path, 7, **_RESUMED)
+    assert TrainingState.read(run / CHECKPOINT_FILE).position.step == 6
+    assert TrainingState.read(run / PREVIOUS_FILE).position.step == 3
+
+
+def test_no_intact_checkpoint_fails_with_the_command_that_starts_the_run_over(tmp_path):
+    run = _interrupted(tmp_path, 8, **_RESUMED)
+    torn = {path: _tear(path) for path in (run / CHECKPOINT_FILE, run / PREVIOUS_FILE)}
+    restart = f"rm -r {run} && dvc repro train@toy-chitchat"
+    job = replace(make_job(tmp_path, **_RESUMED), restart=restart)
+    with pytest.warns(UserWarning) as warned, pytest.raises(DataError) as caught:
+        train_local(job)
+    assert len(warned) == 2  # one per checkpoint passed over
+    message = str(caught.value)
+    assert caught.value.path == str(run)
+    assert "no intact checkpoint to resume from" in message
+    assert "checkpoint.pt: unreadable" in message and "checkpoint.prev.pt: unreadable" in message
+    assert message.endswith(f"start the run over: {restart}")
+    assert {path: path.read_bytes() for path in torn} == torn  # nothing trained, nothing written
+    # without a stage's command, the message says to remove the run folder
+    with pytest.warns(UserWarning), pytest.raises(DataError, match="start the run over") as bare:
+        train_local(make_job(tmp_path, **_RESUMED))
+    assert f"rm -r {run} " in str(bare.value)
+
+
+# --------------------------------------------------------------------------- divergence
+
+
+@pytest.mark.parametrize(
+    ("what", "log_every", "seen_at", "reason"),
+    [
+        ("loss", 1, 5, "the training loss is not finite"),  # read at the logged step
+        ("loss", 100, 6, "the training loss is not finite"),  # read at the checkpoint
+        ("weight", 1, 6, "weight spare is not finite"),  # found when checkpointing
+    ],
+)
+def test_a_diverging_run_stops_naming_the_step_and_keeps_its_last_finite_checkpoint(
+    tmp_path, what, log_every, seen_at, reason
+):
+    job = replace(
+        make_job(tmp_path, checkpoint_every=2, log_every=log_every, epochs=2),
+        model=DivergingFactory(at=5, what=what),
+    )
+    with pytest.raises(TrainingDiverged) as caught:
+        train_local(job)
+    message = str(caught.value)
+    assert message.startswith(f"run diverged at step {seen_at}: {reason}; ")
+    assert "optimizer.lr (0.05)" in message and "clip_norm (1.0)" in message
+    # the checkpoints are those before the divergence, every weight finite
+    newest = TrainingState.read(tmp_path / "run" / CHECKPOINT_FILE)
+    previous = TrainingState.read(tmp_path / "run" / PREVIOUS_FILE)
+    assert (newest.position.step, previous.position.step) == (4, 2)
+    for state in (newest, previous):
+        assert all(torch.isfinite(v).all() for v in state.model.values())
+        assert not state.position.finished
+
+
+def test_a_non_finite_validation_loss_stops_the_run(tmp_path):
+    job = replace(
+        make_job(tmp_path, eval_every=2, checkpoint_every=2, epochs=50),
+        model=_ScriptedFactory((5.0, math.nan)),
+        data=PoolFactory(n_train=32, n_valid=4),
+    )
+    with pytest.raises(
+        TrainingDiverged, match=r"^run diverged at step 4: the validation loss is nan"
+    ):
+        train_local(job)
+    # the checkpoint of step 2 (after its finite evaluation) is the last
+    assert TrainingState.read(tmp_path / "run" / CHECKPOINT_FILE).position.step == 2
 
 
 _KILLED_RUN = textwrap.dedent(
@@ -238,7 +358,8 @@ def test_sigkilled_subprocess_resumes_to_the_same_result(tmp_path):
     assert full.returncode == 0, full.stderr
     killed = run(tmp_path / "b", 12)  # mid-epoch 2 (8 batches/epoch), after step 10's checkpoint
     assert killed.returncode == -signal.SIGKILL
-    assert load_checkpoint(tmp_path / "b" / "run" / CHECKPOINT_FILE)["progress"]["step"] == 10
+    assert TrainingState.read(tmp_path / "b" / "run" / CHECKPOINT_FILE).position.step == 10
+    assert TrainingState.read(tmp_path / "b" / "run" / PREVIOUS_FILE).position.step == 8  # epoch 1
     resumed = run(tmp_path / "b", 0)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.splitlines()[-1] == full.stdout.splitlines()[-1]
@@ -249,9 +370,9 @@ def test_sigkilled_subprocess_resumes_to_the_same_result(tmp_path):
 def test_max_steps_and_max_batches_per_epoch(tmp_path):
     metrics = train_local(make_job(tmp_path, epochs=5, max_batches_per_epoch=3, max_steps=7))
     assert metrics["steps"] == 7 and metrics["epochs"] == 2
-    state = load_checkpoint(tmp_path / "run" / CHECKPOINT_FILE)
-    assert state["progress"]["stop_reason"] == "max_steps"
-    assert state["progress"]["last_eval_step"] == 7  # the final weights were evaluated
+    state = TrainingState.read(tmp_path / "run" / CHECKPOINT_FILE)
+    assert state.position.stop_reason == "max_steps"
+    assert state.position.last_eval_step == 7  # the final weights were evaluated
 
 
 # --------------------------------------------------------------------------- train metrics
@@ -365,7 +486,7 @@ def test_window_reads_the_device_only_when_it_flushes(monkeypatch):
         loss = w * k
         outs.append(LossOutput(loss, loss * 10, torch.tensor(5), {"kl": loss / 2}))
     norms = [torch.tensor(0.25 * k) for k in range(3)]
-    window = _Window()
+    window = TrainWindow()
     spy = _SyncSpy(monkeypatch)
     for _ in range(100):  # the sums keep their size however long the window
         for out, norm in zip(outs, norms, strict=True):

@@ -11,11 +11,14 @@ import mlflow
 import pandas as pd
 import pytest
 
-from pipeline import cli, tracking, tracking_sync
-from pipeline.config import parse_params
-from pipeline.serving import ServingSpec
-from pipeline.tracking import Tracker, TrackingUnavailable
-from pipeline.train.run import train_run
+from pipeline import cli, tracking
+from pipeline.plan import RunRequest, checked, plan_training
+from pipeline.serving import ServingSpec, log_pyfunc
+from pipeline.tracking import Tracker
+from pipeline.tracking import store as tracking_store
+from pipeline.tracking import sync as tracking_sync
+from pipeline.tracking.store import TrackingUnavailable
+from pipeline.train.training import train_plan
 from tests.test_serving import tiny_checkpoint
 from tests.train.conftest import stage_params
 from tests.train.mlflow_server import MlflowServer, call
@@ -39,7 +42,8 @@ def test_server_shows_run_metrics_and_registered_model(
     own = tmp_path / "project"
     shutil.copytree(project / "data" / "shards", own / "data" / "shards")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
-    trained = train_run(parse_params(stage_params()), "transformer", "chitchat", own, False)
+    plan = plan_training(RunRequest.of(checked(stage_params()), "transformer-chitchat"), own)
+    trained = train_plan(plan, show_progress=False)
     mf = trained.mlflow
     assert not mf.fallback, "training must log to the server, not to the local fallback"
 
@@ -99,8 +103,15 @@ def test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run(tmp_path, m
             for step in (4, 5, 6):
                 worker.log_metrics({"valid_loss": 4.0 - step}, step)
             driver.log_text("a sample", "samples/generations.txt")
-            version = driver.log_pyfunc(
-                "hiertx-x", checkpoint=checkpoint, vocab=vocab, spec=ServingSpec("generate")
+            version = driver.call(  # as the train stage logs its model
+                lambda client, run_id: log_pyfunc(
+                    client.tracking_uri,
+                    run_id,
+                    "hiertx-x",
+                    checkpoint=checkpoint,
+                    vocab=vocab,
+                    spec=ServingSpec("generate"),
+                )
             )
             driver.end()
         assert driver.fell_back and version == "1"
@@ -132,7 +143,7 @@ def test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run(tmp_path, m
         assert copy.info.status == "FINISHED"
         assert copy.info.start_time == source.get_run(driver.run_id).info.start_time
         assert copy.data.params == {"optimizer.lr": "0.1"}
-        assert copy.data.tags["k"] == "v" and copy.data.tags[tracking.TAG_ORIGIN] == origin
+        assert copy.data.tags["k"] == "v" and copy.data.tags[tracking_store.TAG_ORIGIN] == origin
         history = _points(client, copy.info.run_id, "valid_loss")
         assert history == _points(source, driver.run_id, "valid_loss")
         assert [s for s, _, _ in history] == [1, 2, 3, 4, 5, 6]
@@ -141,7 +152,7 @@ def test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run(tmp_path, m
         # the partial server run is closed and points at where the whole run went
         stuck = client.get_run(origin)
         assert stuck.info.status == "FAILED"
-        assert stuck.data.tags[tracking.TAG_FALLBACK_RUN] == driver.run_id
+        assert stuck.data.tags[tracking_store.TAG_FALLBACK_RUN] == driver.run_id
         assert stuck.data.tags[tracking_sync.TAG_SYNCED_TO] == copy.info.run_id
         # the registered model came along and answers from the server
         versions = client.search_model_versions(f"run_id = '{copy.info.run_id}'")
@@ -160,7 +171,7 @@ def test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run(tmp_path, m
         }
         assert set(by_source) == {parent.run_id, child.run_id}
         assert (
-            by_source[child.run_id].data.tags[tracking.TAG_PARENT]
+            by_source[child.run_id].data.tags[tracking_store.TAG_PARENT]
             == by_source[parent.run_id].info.run_id
         )
 

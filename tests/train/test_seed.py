@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from pipeline.train.checkpoint import load_checkpoint, save_checkpoint
+from pipeline.train.checkpoint import TrainingState
 from pipeline.train.seed import rng_state, seed_everything, set_rng_state
+from tests.train.helpers import toy_state
 
 
 def _draws() -> tuple:
@@ -18,10 +20,11 @@ def _draws() -> tuple:
 def test_restored_state_replays_every_generator(tmp_path):
     seed_everything(3)
     _draws()
-    path = save_checkpoint({"rng": rng_state()}, tmp_path / "rng.pt")
+    state = replace(toy_state(), rng=[rng_state()])  # a checkpoint holds every rank's
+    path = state.write(tmp_path / "rng.pt")
     expected = [_draws() for _ in range(3)]
     seed_everything(99)  # move every generator elsewhere
-    set_rng_state(load_checkpoint(path)["rng"])
+    set_rng_state(TrainingState.read(path).rng[0])
     assert [_draws() for _ in range(3)] == expected
 
 

@@ -8,11 +8,16 @@ import re
 import mlflow
 import pytest
 
-from pipeline.artifacts import BEST_FILE, TuneRecord
-from pipeline.config import RunParams, SearchSpace, TuneParams, parse_params
-from pipeline.train.run import tune_run
-from pipeline.train.tune import param_space, sampled_model, trial_params, trial_statuses
+from pipeline.artifacts import BEST_FILE, DataSizes, TuneRecord
+from pipeline.config import RunParams, SearchSpace, Selection, TuneParams
+from pipeline.errors import ConfigError
+from pipeline.plan import RunRequest, checked, plan_search
+from pipeline.train.job import ConfiguredModel
+from pipeline.train.search import param_space, sampled_model, trial_params, trial_statuses
+from pipeline.train.tuning import tune_run
 from tests.train.conftest import stage_params
+
+KEY = "transformer-chitchat"
 
 
 def test_search_space_bounds_are_inclusive_and_typed():
@@ -110,8 +115,8 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
         },
     }
     raw["train"]["defaults"]["max_batches_per_epoch"] = 2
-    params = parse_params(raw)
-    best = tune_run(params, "transformer", "chitchat", project)
+    request = RunRequest.of(checked(raw), KEY, search=True)
+    best = tune_run(request, project)
     # progress: a line per finished trial (captured stderr is a log), none of Ray's tables
     printed = capsys.readouterr()
     assert "Trial status" not in printed.out + printed.err
@@ -123,6 +128,8 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
     assert TuneRecord.read(path) == best
     assert set(best.config) == {"n_heads", "dropout"} and set(best.optimizer) == {"lr"}
     assert best.trials == 3 and best.errored_trials == 0
+    assert best.search == plan_search(request, project).name  # the Ray Tune run it resumes by
+    assert (best.model, best.corpus) == ("transformer", "chitchat")
 
     client = mlflow.tracking.MlflowClient(uri)
     exp = client.get_experiment_by_name("hiertx/generate/chitchat")
@@ -146,7 +153,7 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
     assert len(sampled) == 3  # TPE proposed three different configs
 
     # a rerun of the same search restores it: no new trials, same answer
-    again = tune_run(params, "transformer", "chitchat", project)
+    again = tune_run(request, project)
     assert again.config == best.config and again.valid_loss == best.valid_loss
     children = [
         r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("mlflow.parentRunId")
@@ -162,43 +169,56 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
 def test_a_search_on_a_score_keeps_its_highest_trial(project, tmp_path):
     """``select_by`` a score: Optuna and ASHA maximise it and the record holds the best
     trial's (here a score that grows with the model: the widest trial must win)."""
-    from pipeline.config import ScaleParams
-    from pipeline.data.shards import read_manifest
+    from pipeline.cluster import ray_cluster
     from pipeline.models import registry
     from pipeline.models.base import count_parameters
-    from pipeline.train.distributed import ray_cluster
-    from pipeline.train.job import ConfiguredModel, shard_data
-    from pipeline.train.tune import TrialSetup, search
+    from pipeline.train.job import shard_data
+    from pipeline.train.search import TrialSetup, search
     from tests.train.conftest import TINY_TRANSFORMER
     from tests.train.helpers import ParameterCountScore
 
-    shards = project / "data" / "shards" / "chitchat"
-    sizes = read_manifest(shards).data_sizes()
-    base = RunParams(
-        epochs=1, batch_size=16, max_batches_per_epoch=1, select_by="multiwoz_score",
-        model=TINY_TRANSFORMER,
-    )  # fmt: skip
+    raw = stage_params()
+    raw["train"]["defaults"] |= {"epochs": 1, "max_batches_per_epoch": 1}
+    raw["train"]["placement"] = {"storage_path": str(tmp_path)}
+    raw["tune"] = {
+        "runs": raw["train"].pop("runs"),
+        "trials": 6,
+        "epochs_per_trial": 1,
+        "seed": 3,
+        "spaces": {"transformer": {"model": {"d_ff": {"kind": "choice", "choices": [8, 64, 512]}}}},
+    }
+    plan = plan_search(RunRequest.of(checked(raw), KEY, search=True), project)
+    # chitchat has no MultiWOZ score (the params check says so): a score of the model's size
+    knobs = plan.knobs.model_copy(update={"select_by": Selection.MULTIWOZ_SCORE})
+    plan = plan.model_copy(update={"knobs": knobs})
     setup = TrialSetup(
-        model_name="transformer",
-        model_factory=ConfiguredModel(sizes, "tune.spaces.transformer"),
-        data=shard_data(shards, "generate", base),
-        base=base,
-        tune=TuneParams(trials=6, epochs_per_trial=1, seed=3),
-        scale=ScaleParams(num_workers=0),
-        storage=str(tmp_path),
+        plan=plan,
+        model_factory=ConfiguredModel(plan.sizes),
+        data=shard_data(plan),
         parent=None,
         validation_score=ParameterCountScore(),
     )
-    space = SearchSpace.model_validate(
-        {"model": {"d_ff": {"kind": "choice", "choices": [8, 64, 512]}}}
-    )
     with ray_cluster():
-        result = search("score", setup, space, show_progress=False)
-    widest = registry.build("transformer", sizes, **{**TINY_TRANSFORMER, "d_ff": 512})
+        result = search(setup, show_progress=False)
+    widest = registry.build("transformer", plan.sizes, **{**TINY_TRANSFORMER, "d_ff": 512})
     assert result.best["model"] == {"d_ff": 512}
     assert result.valid_score == count_parameters(widest)
+    assert result.n_trials == 6 and result.n_errors == 0
+    assert (tmp_path / plan.name).is_dir()  # the search lives under the plan's storage
     record = result.record("transformer", "chitchat", "score", None)
     assert record.config == {"d_ff": 512} and record.valid_score == result.valid_score
+
+
+def test_a_sampled_config_that_does_not_validate_names_its_search_key():
+    """A trial's sampled combination is validated at the corpus' sizes; the error names
+    the space's key (``search.run_trial`` reports such a trial as invalid)."""
+    factory = ConfiguredModel(DataSizes(vocab_size=100))
+    with pytest.raises(ConfigError) as caught:
+        factory("transformer", RunParams(model={"d_model": 16, "n_heads": 0}))
+    assert caught.value.key == "tune.spaces.transformer.model.n_heads"
+    built = factory("transformer", RunParams(model={"d_model": 16, "n_heads": 2, "d_head": 8}))
+    assert built.config.vocab_size == 100 and built.config.n_heads == 2
+    assert built().config == built.config
 
 
 def test_trial_statuses_follow_what_ray_reports():

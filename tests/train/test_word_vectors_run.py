@@ -10,16 +10,17 @@ import mlflow
 import pytest
 import torch
 
-from pipeline.config import parse_params
+from pipeline.config import Params
 from pipeline.data.loader import load_vocab
 from pipeline.errors import ConfigError
-from pipeline.models.base import token_embeddings
-from pipeline.train import loop
-from pipeline.train import run as run_module
-from pipeline.train.run import train_run
+from pipeline.models.word_vectors import token_embeddings
+from pipeline.plan import RunRequest, checked, plan_training
+from pipeline.train import loop, training
+from pipeline.train.training import train_plan
 from tests.train.conftest import TINY_TRANSFORMER, stage_params
 
 DIM = TINY_TRANSFORMER["d_model"]  # the transformer's token embedding size
+KEY = "transformer-chitchat"
 
 
 def write_vectors(path: Path, words: list[str], dim: int) -> dict[str, list[float]]:
@@ -48,33 +49,64 @@ def vector_params(path: Path, **tracking) -> dict:
     return raw
 
 
+def train_run(params: Params, root: Path):
+    """The train stage's training of the run's (only) seed."""
+    return train_plan(plan_training(RunRequest.of(params, KEY), root), show_progress=False)
+
+
 def test_a_missing_vectors_file_is_a_params_error_naming_the_key(tmp_path):
     raw = vector_params(tmp_path / "missing.vec")
     with pytest.raises(ConfigError) as caught:
-        parse_params(raw)
+        checked(raw)
     assert caught.value.key == "train.models.transformer.word_vectors"
     assert "no such file" in caught.value.reason and "missing.vec" in caught.value.reason
 
     raw = stage_params()
     raw["train"]["runs"]["transformer-chitchat"]["overrides"] = {"word_vectors": "nope.vec"}
     with pytest.raises(ConfigError) as caught:
-        parse_params(raw)
+        checked(raw)
     assert caught.value.key == "train.runs.transformer-chitchat.overrides.word_vectors"
     assert "relative to" in caught.value.reason
 
     (tmp_path / "there.vec").write_text("a 1\n")
-    params = parse_params(vector_params(tmp_path / "there.vec"))
-    assert params.train.run("transformer", "chitchat").word_vectors == str(tmp_path / "there.vec")
-    assert parse_params(stage_params()).train.run("transformer", "chitchat").word_vectors is None
+    params = checked(vector_params(tmp_path / "there.vec"))
+    assert RunRequest.of(params, KEY).knobs.word_vectors == str(tmp_path / "there.vec")
+    assert RunRequest.of(checked(stage_params()), KEY).knobs.word_vectors is None
+
+
+def test_the_plan_reads_a_relative_path_from_the_project_root(own, monkeypatch):
+    write_vectors(own / "vectors.vec", ["hello"], DIM)
+    monkeypatch.chdir(own)  # where stages run, and the check looks
+    params = checked(vector_params(Path("vectors.vec")))
+    monkeypatch.chdir(own.parent)
+    plan = plan_training(RunRequest.of(params, KEY), own)
+    assert plan.word_vectors == own.resolve() / "vectors.vec"
+    # gone by the time the stage plans: the same error, naming the key
+    (own / "vectors.vec").unlink()
+    with pytest.raises(ConfigError, match="no such file") as caught:
+        plan_training(RunRequest.of(params, KEY), own)
+    assert caught.value.key == "train.models.transformer.word_vectors"
+
+
+def test_another_vectors_file_at_the_same_path_is_another_run(own):
+    path = own / "vectors.vec"
+    write_vectors(path, ["hello", "there"], DIM)
+    params = checked(vector_params(path))
+    name = plan_training(RunRequest.of(params, KEY), own).name
+    assert plan_training(RunRequest.of(params, KEY), own).name == name
+    write_vectors(path, ["hello", "there", "again"], DIM)  # another size: read afresh
+    assert plan_training(RunRequest.of(params, KEY), own).name != name
+    without = plan_training(RunRequest.of(checked(stage_params()), KEY), own)
+    assert without.word_vectors is None and without.name != name
 
 
 def test_a_file_of_another_dimension_fails_before_training(own, monkeypatch):
     vocab = load_vocab(own / "data" / "shards" / "chitchat")
     write_vectors(own / "small.vec", list(vocab.tokens[5:9]), DIM // 2)
-    monkeypatch.setattr(run_module, "fit", lambda *a: pytest.fail("trained"))
-    params = parse_params(vector_params(own / "small.vec", enabled=False))
+    monkeypatch.setattr(training, "fit", lambda *a: pytest.fail("trained"))
+    params = checked(vector_params(own / "small.vec", enabled=False))
     with pytest.raises(ConfigError) as caught:
-        train_run(params, "transformer", "chitchat", own, show_progress=False)
+        train_run(params, own)
     assert caught.value.key == "train.models.transformer.model.d_model"
     assert f"have {DIM // 2} dimensions" in caught.value.reason
     assert f"has {DIM}" in caught.value.reason
@@ -89,9 +121,9 @@ def test_a_fresh_run_starts_from_the_vectors_and_a_resumed_one_does_not_reload(o
     file_rows = torch.tensor([values[w] for w in words])
 
     reads, first = [], []
-    real_read, real_step = run_module.read_word_vectors, loop._Run.train_step
+    real_read, real_step = training.read_word_vectors, loop._Run.train_step
     monkeypatch.setattr(
-        run_module, "read_word_vectors", lambda *a, **k: reads.append(1) or real_read(*a, **k)
+        training, "read_word_vectors", lambda *a, **k: reads.append(1) or real_read(*a, **k)
     )
 
     def spy_step(self, batch):
@@ -100,8 +132,8 @@ def test_a_fresh_run_starts_from_the_vectors_and_a_resumed_one_does_not_reload(o
         return real_step(self, batch)
 
     monkeypatch.setattr(loop._Run, "train_step", spy_step)
-    params = parse_params(vector_params(own / "vectors.vec"))
-    seed = train_run(params, "transformer", "chitchat", own, show_progress=False)
+    params = checked(vector_params(own / "vectors.vec"))
+    seed = train_run(params, own)
     assert len(reads) == 1 and len(first) == 1
     weight = first[0]
     # the file's rows times one positive factor, which brings them to the scale of the
@@ -125,12 +157,12 @@ def test_a_fresh_run_starts_from_the_vectors_and_a_resumed_one_does_not_reload(o
     assert run.data.params["train.word_vectors"] == str(own / "vectors.vec")
 
     # the same params again resume the finished run: the file is not read again
-    again = train_run(params, "transformer", "chitchat", own, show_progress=False)
+    again = train_run(params, own)
     assert again.run_name == seed.run_name and len(reads) == 1 and len(first) == 1
 
     # without the param the same run trains from random embeddings (another run)
-    plain = parse_params(stage_params(train={"defaults": params.train.defaults.model_dump()}))
+    plain = checked(stage_params(train={"defaults": params.train.defaults.model_dump()}))
     first.clear()
-    other = train_run(plain, "transformer", "chitchat", own, show_progress=False)
+    other = train_run(plain, own)
     assert other.run_name != seed.run_name and len(reads) == 1
     assert not torch.allclose(first[0][ids], file_rows * factor)

@@ -15,16 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import OnError
+from pipeline.config import SplitParams
 from pipeline.data.dialogue import Dialogue, Turn
 from pipeline.errors import DataError
+from pipeline.names import OnError
 
 
 @dataclass
 class ParseStats:
     """What a parse produced and what it had to leave out; read it after iterating.
 
-    ``skipped`` counts malformed records per file (only with ``on_error="skip"``);
+    ``skipped`` counts malformed records per file (only with ``on_error="skip"``), and
+    ``by_reason`` by what was wrong (the error's ``kind``, ``malformed`` when it has none);
     ``empty_texts`` counts empty utterances met (dropped or kept, as the format says);
     ``single_turn`` counts yielded dialogues with fewer than two turns.
     """
@@ -34,6 +36,7 @@ class ParseStats:
     empty_texts: int = 0
     single_turn: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    by_reason: Counter[str] = field(default_factory=Counter)
     first_error: dict[str, DataError] = field(default_factory=dict)
 
     @property
@@ -50,16 +53,19 @@ class ParseStats:
 
 @dataclass
 class ParseContext:
-    """The error policy of one parse, and the counters it fills."""
+    """One parse's settings (the error policy; ``split``: the seeded split of corpora
+    without an official one, ``pipeline.data.splits``) and the counters it fills."""
 
     on_error: OnError = OnError.RAISE
     stats: ParseStats = field(default_factory=ParseStats)
+    split: SplitParams = field(default_factory=SplitParams)
 
     def bad_record(self, err: DataError) -> None:
         """A record could not be parsed: raise, or count it and let the parser go on."""
         if self.on_error is OnError.RAISE:
             raise err
         self.stats.skipped[err.path] += 1
+        self.stats.by_reason[getattr(err, "kind", "malformed")] += 1
         self.stats.first_error.setdefault(err.path, err)
 
     def emit(self, dialogue: Dialogue) -> Dialogue:

@@ -15,7 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import SplitParams
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.formats import ParseContext, find_one, load_json, merge_turns
 from pipeline.data.splits import Split, assign_splits
@@ -45,13 +44,7 @@ def _messages(path: Path, cid: str, conv: Any) -> Iterator[tuple[str, str]]:
             yield sender, text
 
 
-def read(
-    root: Path | None,
-    split: Split | None,
-    ctx: ParseContext,
-    *,
-    split_params: SplitParams | None = None,
-) -> Iterator[Dialogue]:
+def read(root: Path | None, split: Split | None, ctx: ParseContext) -> Iterator[Dialogue]:
     """Conversations of ``root/**/dataset.json``, or of the installed package if no root."""
     path = (
         package_file()
@@ -62,7 +55,7 @@ def read(
     if not isinstance(data, dict):
         raise DataError(path, "expected a JSON object {conversation_id: conversation}")
     # Split over every id in the file, so a skipped record does not shift the others.
-    assignment = assign_splits(data, split_params or SplitParams())
+    assignment = assign_splits(data, ctx.split)
     for cid, conv in data.items():
         if split is not None and assignment[cid] is not split:
             continue

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import SplitParams
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.formats import ParseContext, find_one, merge_turns, need_root
 from pipeline.data.splits import Split, assign_splits
@@ -106,20 +105,14 @@ def _read_conversations(path: Path, ctx: ParseContext) -> list[_Conversation]:
     return conversations
 
 
-def read(
-    root: Path | None,
-    split: Split | None,
-    ctx: ParseContext,
-    *,
-    split_params: SplitParams | None = None,
-) -> Iterator[Dialogue]:
+def read(root: Path | None, split: Split | None, ctx: ParseContext) -> Iterator[Dialogue]:
     """Conversations of ``root/**/movie_{lines,conversations}.txt`` in file order."""
     root = need_root(root, "cornell")
     lines_path = find_one(root, r"movie_lines\.txt", "Cornell movie_lines.txt")
     conv_path = find_one(root, r"movie_conversations\.txt", "Cornell movie_conversations.txt")
     lines = _read_lines(lines_path, ctx)
     conversations = _read_conversations(conv_path, ctx)
-    assignment = assign_splits((c.id for c in conversations), split_params or SplitParams())
+    assignment = assign_splits((c.id for c in conversations), ctx.split)
     for conv in conversations:
         if split is not None and assignment[conv.id] is not split:
             continue

@@ -1,6 +1,5 @@
 """Moving MLflow runs between stores: ``python -m pipeline sync-mlflow`` sends the runs of the
-local fallback store to the server; :func:`follow_move` keeps a local store that was moved
-or copied with its project writing artifacts beside itself.
+local fallback store to the server.
 
 When the tracking server cannot be reached, training goes on in the local fallback store
 ``runs/mlflow-fallback`` (:mod:`pipeline.tracking`). :func:`sync_store` copies every ended
@@ -17,31 +16,22 @@ nothing. The server run a fallback run stood in for (its ``hiertx.origin_run_id`
 RUNNING with part of the history when the server died, is marked FAILED and tagged with the
 ids of the fallback run and of its copy, so searches that resume runs skip it. Runs still
 RUNNING in the fallback store are left out: a training may still be writing them.
-
-A local sqlite store records its artifact locations as absolute paths
-(``file:///<project>/mlartifacts/...``): a project copied or moved elsewhere would go on
-writing artifacts into the original's folder (or re-create it). :func:`follow_move`, run
-once per store and process before it is used (``tracking._client``), points them at the
-``mlartifacts`` folder beside the store.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import sqlite3
 import sys
 import tempfile
-import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import tracking
 from pipeline.errors import ConfigError
+from pipeline.tracking import store
 
 COMMAND = "sync-mlflow"
 TAG_SYNCED_FROM = "hiertx.synced_from"  # on a copy (run, logged model, model version)
@@ -77,18 +67,18 @@ def sync_store(source: str, target: str) -> SyncReport:
             f"source and target are the same store ({source}); set MLFLOW_TRACKING_URI (or "
             "--to) to the tracking server to sync into",
         )
-    tracking.configure_env()
-    src, dst = tracking._client(source), tracking._client(target)
+    store.configure_env()
+    src, dst = store.mlflow_client(source), store.mlflow_client(target)
     report = SyncReport()
     for experiment in _experiments(src):
         runs = list(_runs(src, experiment.experiment_id))
         if not runs:
             continue
-        dst_exp = tracking._experiment_id(dst, experiment.name)
+        dst_exp = store.experiment_id(dst, experiment.name)
         copies: dict[str, str] = {}  # source run id -> copy's id
         for run in _parents_first(runs):
             run_id = run.info.run_id
-            parent = run.data.tags.get(tracking.TAG_PARENT)
+            parent = run.data.tags.get(store.TAG_PARENT)
             if run.info.status == "RUNNING" or (parent is not None and parent not in copies):
                 report.skipped.append(run_id)
                 continue
@@ -128,7 +118,7 @@ def _parents_first(runs: list[Any]) -> list[Any]:
 
     def depth(run: Any) -> int:
         n, seen = 0, set()
-        while (parent := run.data.tags.get(tracking.TAG_PARENT)) in by_id and parent not in seen:
+        while (parent := run.data.tags.get(store.TAG_PARENT)) in by_id and parent not in seen:
             seen.add(parent)
             run, n = by_id[parent], n + 1
         return n
@@ -145,10 +135,10 @@ def _sync_run(
     """Make the copy of ``run`` hold everything ``run`` holds; returns the copy's id and
     which list of the report the run belongs to."""
     run_id = run.info.run_id
-    tags = {k: v for k, v in run.data.tags.items() if k != tracking.TAG_PARENT}
+    tags = {k: v for k, v in run.data.tags.items() if k != store.TAG_PARENT}
     tags[TAG_SYNCED_FROM] = run_id
     if parent_copy is not None:
-        tags[tracking.TAG_PARENT] = parent_copy
+        tags[store.TAG_PARENT] = parent_copy
     found = next(iter(_runs(dst, dst_exp, f"tags.`{TAG_SYNCED_FROM}` = '{run_id}'")), None)
     if found is None:
         copy = dst.create_run(
@@ -331,14 +321,14 @@ def _sync_version(
 
 def _close_origin(dst: Any, run: Any, copy_id: str) -> int:
     """Mark the partial server run the fallback run stood in for (module docstring)."""
-    origin = run.data.tags.get(tracking.TAG_ORIGIN)
+    origin = run.data.tags.get(store.TAG_ORIGIN)
     if not origin:
         return 0
     try:
         server_run = dst.get_run(origin)
     except Exception:  # not on this server
         return 0
-    want = {tracking.TAG_FALLBACK_RUN: run.info.run_id, TAG_SYNCED_TO: copy_id}
+    want = {store.TAG_FALLBACK_RUN: run.info.run_id, TAG_SYNCED_TO: copy_id}
     changes = 0
     for key, value in want.items():
         if server_run.data.tags.get(key) != value:
@@ -355,52 +345,6 @@ def _close_origin(dst: Any, run: Any, copy_id: str) -> int:
 # Where MLflow 3's sqlite schema keeps absolute artifact locations. Only locations this
 # project gave (``<folder>/mlartifacts``) are rewritten; a table or column a schema lacks is
 # left alone.
-LOCATION_COLUMNS = (
-    ("experiments", "artifact_location"),
-    ("runs", "artifact_uri"),
-    ("logged_models", "artifact_location"),
-    ("model_versions", "storage_location"),
-)
-_followed: set[str] = set()
-
-
-def follow_move(uri: str) -> list[str]:
-    """If the local sqlite store ``uri`` was moved or copied (its experiments keep their
-    artifacts in an ``mlartifacts`` folder that is not the one beside it), point every
-    artifact location at the folder beside it; returns the old folders (none: nothing to
-    do). Checked once per store and process."""
-    if uri in _followed or not tracking._local_store_exists(uri):
-        return []
-    _followed.add(uri)
-    db = Path(uri.removeprefix(tracking.SQLITE).partition("?")[0]).resolve()
-    new = (db.parent / tracking.ARTIFACT_DIR).as_uri()
-    with contextlib.closing(sqlite3.connect(db, timeout=60)) as con, con:
-        try:
-            rows = con.execute("SELECT artifact_location FROM experiments").fetchall()
-        except sqlite3.Error:  # not an MLflow store (yet)
-            return []
-        olds = sorted(
-            {loc for (loc,) in rows if loc and loc.endswith(f"/{tracking.ARTIFACT_DIR}")} - {new}
-        )
-        for old in olds:
-            for table, column in LOCATION_COLUMNS:
-                try:
-                    con.execute(
-                        f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
-                        f"WHERE substr({column}, 1, ?) = ?",
-                        (new, len(old) + 1, len(old), old),
-                    )
-                except sqlite3.OperationalError:  # this schema has no such table/column
-                    continue
-    if olds:
-        warnings.warn(
-            f"the MLflow store {db} was moved or copied: its artifacts now go to {new} "
-            f"(they went to {', '.join(olds)})",
-            stacklevel=2,
-        )
-    return olds
-
-
 # --------------------------------------------------------------------------- command
 
 
@@ -418,9 +362,9 @@ def add_parser(commands: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
-    source = tracking.resolve_uri(args.source or tracking.fallback_uri(root), root)
-    target = tracking.resolve_uri(args.to or tracking.tracking_uri(root), root)
-    if source.startswith(tracking.SQLITE) and not tracking._local_store_exists(source):
+    source = store.resolve_uri(args.source or store.fallback_uri(root), root)
+    target = store.resolve_uri(args.to or store.tracking_uri(root), root)
+    if source.startswith(store.SQLITE) and not store.local_store_exists(source):
         print(f"{COMMAND}: no fallback store at {source}: nothing to sync")
         return 0
     try:

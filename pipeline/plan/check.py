@@ -1,7 +1,7 @@
-"""What ``params.yaml`` refers to, checked against what exists, before any stage computes.
-
-``pipeline.config`` checks each section's own keys and values; this module checks the names
-and cross-references between sections, which need the model registry:
+"""What ``params.yaml`` refers to, checked against what exists, before any stage computes:
+the only checker of params beyond their own sections (``pipeline.config``), and the entry
+point every stage calls (:func:`load_checked`). It needs the model registry and the
+corpora, so it lives above them, and ``pipeline.config`` stays a leaf.
 
 - model names used as keys or values (``train.models.<m>``, ``tune.spaces.<m>``,
   ``evaluate.models.<m>``, the ``model`` of every run) are registered models;
@@ -9,89 +9,48 @@ and cross-references between sections, which need the model registry:
   ``tokenize.corpora`` entry; the model's task is one of the corpus's ``tasks``;
 - model config overrides (``train.defaults.model``, ``train.models.<m>.model``,
   ``train.runs.<r>.overrides.model``) validate with the model's config class;
+- every run's global ``batch_size`` divides by ``train.scale.num_workers``;
 - ``select_by: multiwoz_score`` only for generate models on a task-oriented corpus;
 - ``tune.spaces.<m>.model`` searches fields of that config; a tuned run has no
   ``overrides`` (which only train runs read: they would be silently ignored).
 - ``word_vectors`` (``train.defaults``, ``train.models.<m>``, run overrides) names a file.
 
-Every error is a ``ConfigError`` naming the dotted key and what to do. ``parse_params``
-calls :func:`check_params`, so every stage script and the ``check`` stage (the first stage
-of ``dvc repro``) fail on the same mistakes before any work.
+Every error is a ``ConfigError`` naming the dotted key and what to do; the ``check`` stage
+(the first of ``dvc repro``) and every stage script fail on the same mistakes before any
+work.
 """
 
 from __future__ import annotations
 
-import difflib
-import types
-import typing
-from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
-from pipeline.config import Params, RunTarget, Section, Selection, run_key
+from pipeline.artifacts import DataSizes
+from pipeline.config import Params, RunTarget, Selection, load_params, parse_params, run_key
+from pipeline.config.validation import did_you_mean
+from pipeline.data.corpora import CorpusSpec, corpus_spec
 from pipeline.errors import ConfigError
-from pipeline.models.base import DataSizes
+from pipeline.models import registry
+from pipeline.names import Task
 
 # Stand in for the data's sizes before the data exists (a model not run on any corpus, or
 # a corpus not tokenized yet): no config validator reads them, they only have to be valid.
 _ANY_VOCAB = 1000
 _ANY_ACTS = 40
-_EXTRA = "Extra inputs are not permitted"
 
 
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """``"did you mean 'hier'? "`` for the closest of ``choices``, or ``""``."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}? " if close else ""
+def load_checked(path: str | Path = "params.yaml") -> Params:
+    """``params.yaml`` read, validated and checked whole: what every stage starts from."""
+    params = load_params(path)
+    check_params(params)
+    return params
 
 
-def unknown_key_reason(loc: tuple[Any, ...]) -> str | None:
-    """The reason for an unknown key at ``loc`` (a pydantic error location under
-    ``Params``): the closest allowed key and the allowed ones; None if ``loc`` does not
-    lead to a params section."""
-    section = _section_at(Params, loc[:-1])
-    if section is None:
-        return None
-    allowed = list(section.model_fields)
-    hint = did_you_mean(str(loc[-1]), allowed)
-    return f"unknown key; {hint}allowed here: {', '.join(allowed)}"
-
-
-def _section_at(cls: type[BaseModel], path: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The params section class reached from ``cls`` along ``path`` (field names, mapping
-    keys, tuple indices), or None."""
-    annotation: Any = cls
-    for part in path:
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            field = annotation.model_fields.get(str(part))
-            if field is None:
-                return None
-            annotation = field.annotation
-            continue
-        annotation = _strip_optional(annotation)
-        args = typing.get_args(annotation)
-        origin = typing.get_origin(annotation)
-        if origin is dict and len(args) == 2:
-            annotation = args[1]
-        elif origin is tuple and args:
-            annotation = args[0]
-        else:
-            return None
-        annotation = _strip_optional(annotation)
-    annotation = _strip_optional(annotation)
-    if isinstance(annotation, type) and issubclass(annotation, Section):
-        return annotation
-    return None
-
-
-def _strip_optional(annotation: Any) -> Any:
-    """``X | None`` -> ``X``."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
+def checked(raw: dict[str, Any]) -> Params:
+    """A params mapping validated and checked whole (``load_checked`` of a mapping)."""
+    params = parse_params(raw)
+    check_params(params)
+    return params
 
 
 # --------------------------------------------------------------------------- the checks
@@ -100,8 +59,6 @@ def _strip_optional(annotation: Any) -> Any:
 def check_params(params: Params) -> None:
     """Check every name and cross-reference of ``params`` (module docstring); raises a
     ``ConfigError`` naming the first bad dotted key."""
-    from pipeline.models import registry  # imports torch: only when params are checked
-
     known = registry.names()
     for section, names in (
         ("train.models", params.train.models),
@@ -122,14 +79,15 @@ def check_params(params: Params) -> None:
                 f"train.models.{target.model}",
             )
     for name in params.evaluate.models:
-        task = registry.spec(name).task.value
-        if task != "generate":
+        task = registry.spec(name).task
+        if task is not Task.GENERATE:
             raise ConfigError(
                 f"evaluate.models.{name}",
                 f"{name} is a {task} model; decodings apply to generate models only: "
                 "remove this entry",
             )
     _check_model_overrides(params)
+    _check_batches(params)
     _check_spaces(params)
     _check_download_skip(params)
     _check_word_vectors(params)
@@ -139,8 +97,6 @@ def _check_word_vectors(params: Params) -> None:
     """Every ``word_vectors`` given (``train.defaults``, ``train.models.<m>``,
     ``train.runs.<r>.overrides``) names an existing file; a relative path is from the
     working folder, the project root where stages run."""
-    from pathlib import Path
-
     train = params.train
     places = [
         ("train.defaults", train.defaults),
@@ -161,11 +117,13 @@ def _check_word_vectors(params: Params) -> None:
 def _check_download_skip(params: Params) -> None:
     """``download.skip.<c>`` names splits corpus ``c`` has files for; skipping the
     training file needs ``train_on: valid`` (else tokenize would find no training data)."""
-    from pipeline.data.corpora import corpus_spec
-
     for corpus, splits in params.download.skip.items():
         where = f"download.skip.{corpus}"
-        has = sorted({f.split for f in corpus_spec(corpus).files if f.split is not None})
+        try:
+            spec = _spec(params, corpus)
+        except ConfigError as err:
+            raise ConfigError(where, err.reason) from None
+        has = sorted({f.split for f in spec.files if f.split is not None})
         for split in splits:
             if split not in has:
                 files = f"only {', '.join(has)}" if has else "no per-split files"
@@ -179,6 +137,12 @@ def _check_download_skip(params: Params) -> None:
             )
 
 
+def _spec(params: Params, corpus: str) -> CorpusSpec:
+    """The spec of ``corpus``: built in, or declared in its tokenize settings."""
+    entry = params.tokenize.corpora.get(corpus)
+    return corpus_spec(corpus, entry.source if entry is not None else None)
+
+
 def _registered(key: str, name: str, known: list[str]) -> None:
     if name not in known:
         raise ConfigError(
@@ -188,11 +152,9 @@ def _registered(key: str, name: str, known: list[str]) -> None:
 
 
 def _check_run(params: Params, where: str, target: RunTarget, known: list[str]) -> None:
-    from pipeline.models import registry
-
     _registered(f"{where}.model", target.model, known)
-    corpus = target.corpus.value
-    listed = [c.value for c in params.corpora]
+    corpus = target.corpus
+    listed = list(params.corpora)
     if target.corpus not in params.corpora:
         raise ConfigError(
             f"{where}.corpus",
@@ -200,38 +162,29 @@ def _check_run(params: Params, where: str, target: RunTarget, known: list[str]) 
             f"it: add it to corpora (with a tokenize.corpora.{corpus} entry) or remove "
             "this run",
         )  # (Params already requires a tokenize.corpora entry for each of corpora)
-    task = registry.spec(target.model).task.value
+    task = registry.spec(target.model).task
     tasks = [t.value for t in params.corpus(corpus).tasks]
-    if task not in tasks:
+    if task.value not in tasks:
         raise ConfigError(
             where,
             f"{target.model} is a {task} model but {corpus} only yields {tasks}: add "
             f"{task} to tokenize.corpora.{corpus}.tasks or pick a model of those tasks",
         )
-    _check_selection(params, where, target, task)
+    _check_selection(params, target, task)
 
 
-def _check_selection(params: Params, where: str, target: RunTarget, task: str) -> None:
+def _check_selection(params: Params, target: RunTarget, task: Task) -> None:
     """``select_by: multiwoz_score`` decodes responses and scores them against MultiWOZ's
     goals: a generate model on a task-oriented corpus only."""
-    from pipeline.data.corpora import corpus_spec
-
-    train, model, corpus = params.train, target.model, target.corpus.value
+    train, model, corpus = params.train, target.model, target.corpus
     select = train.run(model, corpus, target.variant).select_by
     if select != Selection.MULTIWOZ_SCORE:
         return
-    if task == "generate" and corpus_spec(corpus).task_oriented:
+    if task is Task.GENERATE and _spec(params, corpus).task_oriented:
         return
     key = run_key(model, corpus, target.variant)
-    run = train.runs.get(key)
-    if run is not None and "select_by" in run.overrides.model_fields_set:
-        source = f"{where}.overrides.select_by"
-    elif model in train.models and "select_by" in train.models[model].model_fields_set:
-        source = f"train.models.{model}.select_by"
-    else:
-        source = "train.defaults.select_by"
     raise ConfigError(
-        source,
+        _source_of(params, key, target, "select_by"),
         f"multiwoz_score scores MultiWOZ responses, but run {key} is a "
         f"{task} model on {corpus}: select it by valid_loss (set it per run under "
         "train.runs.<run>.overrides)",
@@ -241,8 +194,6 @@ def _check_selection(params: Params, where: str, target: RunTarget, task: str) -
 def _check_model_overrides(params: Params) -> None:
     """Every model's merged config overrides validate with its config class, for each
     run (at the run's corpus' sizes) and for each ``train.models`` entry."""
-    from pipeline.models import registry
-
     train = params.train
     for key, target in [*train.runs.items(), *params.tune.runs.items()]:
         own = train.runs[key].overrides.model if key in train.runs else {}
@@ -272,9 +223,7 @@ def _planned_sizes(params: Params, corpus: str) -> DataSizes:
     """The data sizes a corpus will have, as far as params and its spec tell before it is
     tokenized: the configured vocabulary, and acts if the corpus has them (an act model
     on a corpus without acts fails here, before any download)."""
-    from pipeline.data.corpora import corpus_spec
-
-    acts = _ANY_ACTS if corpus_spec(str(corpus)).task_oriented else None
+    acts = _ANY_ACTS if _spec(params, corpus).acts else None
     return DataSizes(params.corpus(corpus).vocab.size or _ANY_VOCAB, acts)
 
 
@@ -289,15 +238,13 @@ def _validate_config(
     """``registry.make_config`` of ``overrides``; a failure names the most specific of
     ``sources`` (``(dotted key, overrides set there)``, most specific first) that sets the
     offending field (the first source when none does: a cross-field rule)."""
-    from pipeline.models import registry
-
     try:
         registry.make_config(model, sizes, **overrides)
     except ConfigError as err:
         field = err.key.removeprefix(f"{model}.")
         where = next((key for key, values in sources if field in values), sources[0][0])
         reason = err.reason
-        if reason == _EXTRA:
+        if reason.startswith("unknown key"):
             fields = _config_fields(model)
             reason = (
                 f"{model}'s config has no field {field!r}; {did_you_mean(field, fields)}"
@@ -308,8 +255,6 @@ def _validate_config(
 
 def _config_fields(model: str) -> list[str]:
     """The config fields of ``model`` that params may set (not derived, not preset)."""
-    from pipeline.models import registry
-
     spec = registry.spec(model)
     fixed = {name for name, _ in spec.preset} | set(spec.config_cls.DATA_FIELDS)
     return [f for f in spec.config_cls.model_fields if f not in fixed]
@@ -327,3 +272,33 @@ def _check_spaces(params: Params) -> None:
                     f"not a field of {model}'s config; {did_you_mean(name, fields)}"
                     f"choose among: {', '.join(fields)}",
                 )
+
+
+def _check_batches(params: Params) -> None:
+    """Every run's global ``batch_size`` splits evenly over the workers (each takes
+    ``batch_size / num_workers`` examples a step): found here, not when a tune trial or
+    a training starts."""
+    workers = params.train.scale.num_workers
+    if workers <= 1:
+        return
+    for key, target in [*params.train.runs.items(), *params.tune.runs.items()]:
+        knobs = params.train.run(target.model, target.corpus, target.variant)
+        if knobs.batch_size % workers:
+            source = _source_of(params, key, target, "batch_size")
+            raise ConfigError(
+                source,
+                f"{knobs.batch_size} is the global batch of run {key} (all workers "
+                f"together) and must divide by train.scale.num_workers={workers}: make it "
+                f"{(knobs.batch_size // workers + 1) * workers}, or change num_workers",
+            )
+
+
+def _source_of(params: Params, key: str, target: RunTarget, knob: str) -> str:
+    """The most specific params key that sets ``knob`` for run ``key``."""
+    run = params.train.runs.get(key)
+    if run is not None and knob in run.overrides.model_fields_set:
+        return f"train.runs.{key}.overrides.{knob}"
+    models = params.train.models
+    if target.model in models and knob in models[target.model].model_fields_set:
+        return f"train.models.{target.model}.{knob}"
+    return f"train.defaults.{knob}"

@@ -1,18 +1,13 @@
-"""The stage contract: where every stage writes, and the typed records it writes.
-
-Stages talk to each other only through files. This module is the one place that knows
-their paths (:class:`Layout`) and their shape (the records below); every reader and
-writer goes through it, so a field added here reaches every stage, and a stale or
-foreign file is a :class:`~pipeline.errors.DataError` naming it, before any compute.
+"""The typed records stages write for each other (JSON, versioned), and their readers.
 
 ==============================================  ============================  ==========
 file                                            record                        written by
 ==============================================  ============================  ==========
+``data/sources/<corpus>.json``                  :class:`SourceDeclaration`    check
 ``data/raw/<corpus>/SOURCES.json``              :class:`DownloadRecord`       download
 ``data/shards/<corpus>/manifest.json``          :class:`TokenizeRecord`       tokenize
 ``data/tune/<key>/best.json``                   :class:`TuneRecord`           tune
 ``data/train/<key>/manifest.json``              :class:`TrainRecord`          train
-``data/train/<key>/[seed-<i>/]model.pt``        :func:`save_model`            train
 ``data/eval/<key>/seeds.json``                  :class:`EvalRecord`           evaluate
 ``data/eval/<key>/per_example.jsonl``           :class:`ExampleResult` lines  evaluate
 ``metrics/<key>.json``                          flat ``{metric: value}``      evaluate
@@ -23,9 +18,6 @@ file                                            record                        wr
 ``metrics/<key>.json`` stays a flat mapping because that is DVC's metrics format
 (``dvc metrics show``, ``dvc exp show``); it lives outside the git-ignored ``data/`` so git
 holds it. Non-finite floats are written as JSON ``null`` (JSON has no NaN).
-
-:func:`load_model` is the one way from an exported checkpoint to a model, used by
-evaluate, the report, serving and the CLI.
 """
 
 from __future__ import annotations
@@ -37,9 +29,8 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
-import torch
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -48,70 +39,11 @@ from pydantic import (
     computed_field,
     model_validator,
 )
-from torch import nn
 
+from pipeline.artifacts.layout import MANIFEST_FILE, Layout
+from pipeline.config import CorpusParams, CorpusSource, PlacementParams
 from pipeline.errors import DataError
-
-if TYPE_CHECKING:
-    from pipeline.models.base import DataSizes
-
-SOURCES_FILE = "SOURCES.json"
-MANIFEST_FILE = "manifest.json"
-VOCAB_FILE = "vocab.json"
-ACTS_FILE = "acts.json"
-MODEL_FILE = "model.pt"
-BEST_FILE = "best.json"
-SEEDS_FILE = "seeds.json"
-PER_EXAMPLE_FILE = "per_example.jsonl"
-SAMPLES_FILE = "samples.md"
-METRICS_DIR = "metrics"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the stages read and write, relative to the project ``root``."""
-
-    root: Path
-
-    def raw(self, corpus: str) -> Path:
-        """The downloaded corpus (download stage)."""
-        return self.root / "data" / "raw" / corpus
-
-    def shards(self, corpus: str) -> Path:
-        """The tokenized corpus: vocabulary, act inventory, Arrow shards, manifest."""
-        return self.root / "data" / "shards" / corpus
-
-    def tune_out(self, key: str) -> Path:
-        return self.root / "data" / "tune" / key
-
-    def train_out(self, key: str) -> Path:
-        return self.root / "data" / "train" / key
-
-    def eval_out(self, key: str) -> Path:
-        return self.root / "data" / "eval" / key
-
-    def metrics(self, key: str) -> Path:
-        """Run ``key``'s aggregated test metrics (git-tracked, DVC metrics)."""
-        return self.root / METRICS_DIR / f"{key}.json"
-
-    def trained_runs(self) -> list[str]:
-        """Keys of the runs with a train record."""
-        return sorted(
-            p.parent.name for p in (self.root / "data" / "train").glob(f"*/{MANIFEST_FILE}")
-        )
-
-    def relative(self, path: Path) -> str:
-        """``path`` relative to the project (records stay valid when the project moves)."""
-        try:
-            return str(path.resolve().relative_to(self.root.resolve()))
-        except ValueError:
-            return str(path)
-
-    def resolve(self, path: str) -> Path:
-        """A path a record holds, made absolute (records keep them project-relative)."""
-        p = Path(path)
-        return p if p.is_absolute() else self.root / p
-
+from pipeline.names import OnError, Task
 
 # --------------------------------------------------------------------------- records
 
@@ -197,6 +129,18 @@ class Record(BaseModel):
         return write_json(path, self.model_dump(mode="json"))
 
 
+class SourceDeclaration(Record):
+    """Where corpus ``corpus`` comes from (``data/sources/<corpus>.json``): its declared
+    source (None: a built-in corpus, whose spec knows its files). The check stage writes
+    one per corpus of ``corpora:``; the corpus's download stage depends on it, so changing
+    a declaration re-runs that corpus's download and nothing else."""
+
+    WRITTEN_BY: ClassVar[str] = "check"
+
+    corpus: str
+    source: CorpusSource | None = None
+
+
 class VerifiedFile(BaseModel):
     """A downloaded file: where from, its verified sha256 and size, whether that digest
     was pinned in the corpus spec (else trusted on first use), what extracting it made."""
@@ -213,13 +157,17 @@ class VerifiedFile(BaseModel):
 class DownloadRecord(Record):
     """What a download run verified (``data/raw/<corpus>/SOURCES.json``), by path in the
     corpus folder; rewritten after each file so an interrupted run keeps what it checked.
-    ``package``: the PyPI distribution a bundled corpus came from."""
+    ``package``: the PyPI distribution a bundled corpus came from; ``declared``: the source
+    of a corpus declared in params (its format and files), so that ``read_corpus`` reads the
+    folder without the params; ``split_files``: which file holds which split."""
 
     WRITTEN_BY: ClassVar[str] = "download"
 
     corpus: str
     package: str | None = None
     files: dict[str, VerifiedFile] = {}
+    declared: CorpusSource | None = None
+    split_files: dict[str, str] = {}
 
 
 class ShardFile(BaseModel):
@@ -233,6 +181,28 @@ class ShardFile(BaseModel):
     sha256: str
 
 
+@dataclass(frozen=True)
+class DataSizes:
+    """The sizes a model takes from its corpus, never from params or constants: the
+    vocabulary and, for corpora with dialogue acts, the act inventory (the tokenize
+    record's ``data_sizes()``; ``registry.make_config`` fills a config's ``DATA_FIELDS``
+    from them)."""
+
+    vocab_size: int
+    n_acts: int | None = None
+
+
+class TokenizeSettings(BaseModel):
+    """The params a tokenized folder was built with: typed, so a renamed section fails
+    when the record is read rather than changing what readers find."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    on_error: OnError
+    shard_rows: int
+    corpus: CorpusParams
+
+
 class TokenizeRecord(Record):
     """What a tokenize run wrote (``data/shards/<corpus>/manifest.json``), written last: a
     folder without one is incomplete.
@@ -243,7 +213,8 @@ class TokenizeRecord(Record):
     ``target_tokens[task][split]`` the tokens a model is scored on (``ExampleTable.
     scored_tokens``: what a perplexity averages over); ``n_acts``/``act_names`` the act
     inventory (MultiWOZ) the act vectors index;
-    ``skipped`` counts what was left out; ``sources`` the download record of the raw
+    ``skipped`` counts what was left out (``skipped_by_reason`` the malformed records by
+    what was wrong with them); ``sources`` the download record of the raw
     files (None for a corpus read without a download); ``params`` the settings the
     examples were built with.
     """
@@ -262,9 +233,10 @@ class TokenizeRecord(Record):
     n_acts: int | None = None
     act_names: list[str] | None = None
     skipped: dict[str, int] = {}
+    skipped_by_reason: dict[str, int] = {}
     warnings: list[str] = []
     sources: DownloadRecord | None = None
-    params: dict[str, Any] = {}
+    params: TokenizeSettings | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -293,8 +265,6 @@ class TokenizeRecord(Record):
 
     def data_sizes(self) -> DataSizes:
         """The sizes a model built for this corpus takes from its data."""
-        from pipeline.models.base import DataSizes
-
         return DataSizes(vocab_size=self.vocab_size, n_acts=self.n_acts)
 
 
@@ -345,7 +315,7 @@ class TrainedSeed(BaseModel):
     checkpoint: str
     run_checkpoint: str
     metrics: dict[str, float | None]
-    tuned_from: dict[str, Any] | None = None
+    tuned_from: TuneRecord | None = None
     mlflow: MlflowRef | None = None
 
     def metric(self, name: str) -> float:
@@ -363,8 +333,12 @@ class TrainRecord(Record):
 
     model: str
     corpus: str
-    task: str
+    task: Task
     seeds: list[TrainedSeed]
+    workers: int = Field(default=0, description="Ray Train workers per seed; 0: in-process")
+    placement: PlacementParams | None = Field(
+        default=None, description="where the workers ran (CPUs/GPUs each): evaluate asks the same"
+    )
     machine: str | None = Field(default=None, description="pipeline.machine.describe()")
     commit: str | None = Field(default=None, description="pipeline.machine.code_version()")
 
@@ -473,51 +447,3 @@ def read_metrics(path: Path) -> dict[str, float]:
     if bad:
         raise DataError(path, f"metrics must be numbers; {bad} are not")
     return {k: math.nan if v is None else float(v) for k, v in raw.items()}
-
-
-# --------------------------------------------------------------------------- models
-
-
-def save_model(
-    path: Path,
-    model_name: str,
-    model_config: dict[str, Any],
-    task: str,
-    weights: Mapping[str, torch.Tensor],
-    metrics: Mapping[str, float] | None = None,
-    run_name: str = "",
-) -> Path:
-    """Export trained weights with what rebuilds them (name, validated config, task)."""
-    from pipeline.train.checkpoint import save_checkpoint
-
-    state = {
-        "model_name": model_name,
-        "model_config": dict(model_config),
-        "task": task,
-        "model": dict(weights),
-        "metrics": dict(metrics or {}),
-        "run_name": run_name,
-    }
-    return save_checkpoint(state, path)
-
-
-def load_model(path: Path, device: str | torch.device = "cpu") -> nn.Module:
-    """The model exported to ``path`` by :func:`save_model` (or a training checkpoint),
-    rebuilt through the registry, weights loaded, in eval mode on ``device``."""
-    from pipeline.models import registry
-    from pipeline.train.checkpoint import load_checkpoint
-
-    state = load_checkpoint(path)
-    try:
-        name = state["model_name"]
-        config = registry.spec(name).config_cls.model_validate(state["model_config"])
-    except KeyError as err:
-        raise DataError(path, f"checkpoint lacks {err}; export it again (train stage)") from None
-    except ValidationError as err:
-        raise DataError(path, f"model config is invalid ({_first_error(err)})") from None
-    model = registry.build_from_config(name, config)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        raise DataError(path, f"weights do not fit {name} ({err})") from None
-    return model.to(device).eval()

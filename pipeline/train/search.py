@@ -1,6 +1,6 @@
 """Ray Tune over the same training loop: Optuna's TPE proposes, ASHA stops poor trials.
 
-Each trial trains ``tune.epochs_per_trial`` epochs of the run's train params with the
+Each trial trains ``tune.epochs_per_trial`` epochs of the search plan's knobs with the
 sampled model-config and optimizer values, reporting the validation loss after every epoch.
 Trials run the loop in the trial process (``train.scale.num_workers: 0``) or start a
 ``TorchTrainer`` of their own (Ray Train V2 inside a function trainable, reporting through
@@ -13,25 +13,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.artifacts import TuneRecord
-from pipeline.config import (
-    RunParams,
-    ScaleParams,
-    SearchDim,
-    SearchKind,
-    SearchSpace,
-    TuneParams,
-)
+from pipeline.config import RunParams, SearchDim, SearchKind, SearchSpace, TuneParams
 from pipeline.errors import ConfigError
+from pipeline.plan import RunPlan
 from pipeline.tracking import TAG_TRIAL, NullTracker, RunRef, Tracker
-from pipeline.train.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from pipeline.train.distributed import report_with_checkpoint, trainer
-from pipeline.train.loop import DataFactory, TrainJob, ValidationScore, train_worker
+from pipeline.train.checkpoint import TrainingState
+from pipeline.train.context import DataFactory, ValidationScore
+from pipeline.train.distributed import read_checkpoint, report_with_checkpoint, trainer
+from pipeline.train.loop import TrainJob, train_worker
 
 # --------------------------------------------------------------------------- space
 
@@ -119,16 +113,13 @@ class TuneContext:
     def gather(self, value: Any) -> list[Any]:
         return [value]
 
-    def latest_checkpoint(self) -> dict[str, Any] | None:
+    def latest_checkpoint(self) -> TrainingState | None:
         from ray import tune
 
         checkpoint = tune.get_checkpoint()
-        if checkpoint is None:
-            return None
-        with checkpoint.as_directory() as folder:
-            return load_checkpoint(Path(folder) / CHECKPOINT_FILE)
+        return None if checkpoint is None else read_checkpoint(checkpoint)
 
-    def report(self, metrics: dict[str, float], checkpoint: dict[str, Any] | None) -> None:
+    def report(self, metrics: dict[str, float], checkpoint: TrainingState | None) -> None:
         from ray import tune
 
         report_with_checkpoint(tune.report, tune.Checkpoint, metrics, checkpoint)
@@ -136,18 +127,20 @@ class TuneContext:
 
 @dataclass(frozen=True)
 class TrialSetup:
-    """What every trial shares (shipped to trial processes by ``tune.with_parameters``)."""
+    """What every trial shares (shipped to trial processes by ``tune.with_parameters``):
+    the search's plan, the factories its trials build from, and the parent MLflow run."""
 
-    model_name: str
+    plan: RunPlan
     model_factory: Any  # (name, sampled RunParams) -> ModelFactory; raises ConfigError
     data: DataFactory
-    base: RunParams
-    tune: TuneParams
-    scale: ScaleParams
-    storage: str
     parent: RunRef | None
     tags: dict[str, str] = field(default_factory=dict)
-    validation_score: ValidationScore | None = None  # when base.select_by reads one
+    validation_score: ValidationScore | None = None  # when the plan's select_by reads one
+
+    @property
+    def tune(self) -> TuneParams:
+        assert self.plan.search is not None, "a search plan has its search knobs"
+        return self.plan.search
 
 
 def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
@@ -155,7 +148,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
     from ray import tune
 
     trial_id = tune.get_context().get_trial_id()
-    params = trial_params(setup.base, setup.tune, config)
+    plan = setup.plan
+    params = trial_params(plan.knobs, setup.tune, config)
     tracker: Tracker | NullTracker = NullTracker()
     if setup.parent is not None:
         p = setup.parent
@@ -170,35 +164,34 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
         )
         tracker.log_params({"sampled": config, "train": params.model_dump(mode="json")})
     try:
-        model = setup.model_factory(setup.model_name, params)
+        model = setup.model_factory(plan.model, params)
     except ConfigError as err:
         # an invalid combination (e.g. heads not dividing the width): worst possible score
         tracker.set_tags({"hiertx.invalid_config": str(err)})
         tracker.end("FAILED")
-        select = setup.base.select_by
+        select = plan.knobs.select_by
         worst = -math.inf if select.higher_is_better else math.inf
         tune.report({select.metric: worst, "invalid": 1.0})
         return
     job = TrainJob(
         name=f"trial-{trial_id}",
-        model_name=setup.model_name,
+        model_name=plan.model,
         model=model,
         data=setup.data,
         params=params,
-        run_dir=setup.storage,
+        run_dir=plan.storage,
         sink=tracker.sink,
         show_progress=False,
         validation_score=setup.validation_score,
     )
     try:
-        if setup.scale.num_workers == 0:
+        if plan.workers == 0:
             train_worker(job, TuneContext())
         else:
             from ray.tune.integration.ray_train import TuneReportCallback
 
-            result = trainer(job, setup.scale, setup.storage, [TuneReportCallback()]).fit()
-            if result.error is not None:
-                raise result.error
+            callbacks = [TuneReportCallback()]
+            trainer(job, plan.workers, plan.placement, plan.storage, callbacks).fit()
     except SystemExit as stop:
         # Tune stops a trial it is done with (ASHA, the last epoch) by exiting its thread
         # right after a report: the trial completed
@@ -243,29 +236,26 @@ class SearchResult:
         )
 
 
-def search(
-    name: str,
-    setup: TrialSetup,
-    space: SearchSpace,
-    show_progress: bool = True,
-    label: str = "",
-) -> SearchResult:
-    """Run (or resume) the search ``name`` under ``setup.storage``; Ray must be initialised.
-    Progress: a line per finished trial, or a bar on a terminal (``tune_progress``; ``label``
-    names the search there, default ``tune <name>``)."""
+def search(setup: TrialSetup, show_progress: bool = True) -> SearchResult:
+    """Run (or resume) the search of ``setup.plan`` under its storage; Ray must be
+    initialised. Progress: a line per finished trial, or a bar on a terminal
+    (``tune_progress``)."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
     from pipeline.train.tune_progress import TrialProgress, reporting
 
-    t, select = setup.tune, setup.base.select_by
-    resources = (
-        {"CPU": t.cpus_per_trial} if setup.scale.num_workers == 0 else {"CPU": 0.1}
-    )  # a TorchTrainer trial only coordinates; its workers hold the resources
+    plan, t = setup.plan, setup.tune
+    select, name = plan.knobs.select_by, plan.name
+    assert plan.space is not None, "a search plan has its space"
+    # A TorchTrainer trial only coordinates: its workers hold the resources. Tune needs
+    # some resource in a trial's request; a byte of memory holds nothing back, where a
+    # fraction of a CPU would leave a 1-CPU node unable to host a 1-CPU worker.
+    resources = {"CPU": t.cpus_per_trial} if plan.workers == 0 else {"CPU": 0, "memory": 1}
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), resources)
-    space_dict = param_space(space)
-    path = f"{setup.storage.rstrip('/')}/{name}"
+    space_dict = param_space(plan.space)
+    path = f"{plan.storage.rstrip('/')}/{name}"
     if tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(
             path, trainable=trainable, resume_errored=True, param_space=space_dict
@@ -291,11 +281,10 @@ def search(
             ),
             # our progress replaces Ray's tables (verbose=0); Ray keeps both with the search
             run_config=tune.RunConfig(
-                name=name, storage_path=setup.storage, verbose=0, callbacks=[TrialProgress()]
+                name=name, storage_path=plan.storage, verbose=0, callbacks=[TrialProgress()]
             ),
         )
-    label = label or f"tune {name}"
-    with reporting(label, t.trials, t.epochs_per_trial, select, show_progress):
+    with reporting(plan.label, t.trials, t.epochs_per_trial, select, show_progress):
         grid = tuner.fit()
     metric = select.metric
     best = grid.get_best_result(

@@ -1,0 +1,51 @@
+"""Your own dialogues, as the README tells a user: ``cp profiles/custom.yaml params.yaml &&
+make repro`` in a fresh copy trains every model of the profile on ``examples/chat.jsonl``
+and ends with a report of the corpus's own tables; then editing the file puts exactly that
+corpus's download and tokenize out of date (and, through them, what trains on it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.test_pipeline import DVC, USER_PATH, VENV, dvc_json, fresh_copy, run, user_env
+
+
+@pytest.mark.slow
+def test_custom_profile_from_a_fresh_clone(tmp_path: Path) -> None:
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("needs the project's venv (run through `make test`)")
+    root = tmp_path / "hiertx"
+    fresh_copy(root)
+    shutil.copy2(root / "profiles" / "custom.yaml", root / "params.yaml")
+    env = user_env(tmp_path / "mlflow.db")
+    run(root, env, "make", "-o", str(VENV / ".installed"), f"VENV={VENV}", "repro")
+
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    for key in params["train"]["runs"]:
+        metrics = json.loads((root / "metrics" / f"{key}.json").read_text())
+        assert metrics["n_examples"] > 0, key
+    report = (root / "reports" / "report.md").read_text()
+    assert "### Corpus: mychats" in report
+    assert "#### Validation loss and test perplexity" in report
+    assert "#### Response selection" in report and "#### Language-model perplexity" in report
+    assert "In the paper" not in report and "U-Net Transformer, Tables" not in report
+
+    # editing the declared file: only its corpus's stages are out of date
+    env["PATH"] = f"{VENV / 'bin'}{os.pathsep}{USER_PATH}"
+    assert dvc_json(root, env, "status") == {}
+    with (root / "examples" / "chat.jsonl").open("a") as f:
+        message = [
+            {"role": "user", "content": "one more?"},
+            {"role": "assistant", "content": "sure"},
+        ]
+        f.write(json.dumps({"messages": message}) + "\n")
+    assert set(dvc_json(root, env, "status")) == {"download@mychats", "tokenize@mychats"}
+    run(root, env, DVC, "repro", "-s", "download@mychats")
+    assert set(dvc_json(root, env, "status")) == {"tokenize@mychats"}
