@@ -82,7 +82,10 @@ def test_mlflow_compose_publishes_on_loopback_only() -> None:
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), port
     command = services["mlflow"]["command"]
-    assert "postgresql://" in command and "s3://mlflow" in command
+    assert "s3://mlflow" in command
+    # SQLAlchemy >= 2.1 reads a bare postgresql:// as psycopg 3: the URI names the driver
+    # the command installs (tests/train/test_mlflow_server.py runs it on a real PostgreSQL)
+    assert "postgresql+psycopg2://" in command and "psycopg2-binary" in command
     example = (INFRA / "mlflow" / ".env.example").read_text()
     for var in ("POSTGRES_PASSWORD", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"):
         assert f"{var}=" in example

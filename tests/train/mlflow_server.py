@@ -31,8 +31,11 @@ def call(base: str, path: str, body: dict | None = None) -> dict:
 
 
 class MlflowServer:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, backend: str | None = None) -> None:
+        """``backend``: the server's store (a ``postgresql+psycopg2://`` URI, as ``infra/mlflow``
+        deploys it); a sqlite file in ``folder`` by default."""
         self.folder = folder
+        self.backend = backend or f"sqlite:///{folder / 'server.db'}"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -42,7 +45,7 @@ class MlflowServer:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
              "--port", str(self.port),
-             "--backend-store-uri", f"sqlite:///{self.folder / 'server.db'}",
+             "--backend-store-uri", self.backend,
              "--artifacts-destination", str(self.folder / "artifacts"), "--workers", "1"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: stop() ends its workers too
@@ -64,7 +67,12 @@ class MlflowServer:
         """Stop the server and wait until its port refuses connections."""
         if self.process is None:
             return
-        group = os.getpgid(self.process.pid)
+        try:
+            group = os.getpgid(self.process.pid)
+        except ProcessLookupError:  # it died on its own (a server that did not start)
+            self.process.wait()
+            self.process = None
+            return
         os.killpg(group, signal.SIGTERM)
         try:
             self.process.wait(timeout=30)

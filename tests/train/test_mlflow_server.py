@@ -20,18 +20,28 @@ from pipeline.tracking import sync as tracking_sync
 from pipeline.tracking.store import TrackingUnavailable
 from pipeline.train.training import train_plan
 from tests.test_serving import tiny_checkpoint
+from tests.train import postgres
 from tests.train.conftest import stage_params
 from tests.train.mlflow_server import MlflowServer, call
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path):
-    server = MlflowServer(tmp_path)
-    server.start()
+@pytest.fixture(params=["sqlite", "postgresql"])
+def mlflow_server(request, tmp_path: Path):
+    """A real server on a sqlite file, and on a real PostgreSQL (``infra/mlflow``'s store)."""
+    database = None
+    if request.param == "postgresql":
+        if reason := postgres.available():
+            pytest.skip(reason)
+        database = postgres.Postgres()
+        database.start()
+    server = MlflowServer(tmp_path, backend=database.uri if database else None)
     try:
+        server.start()
         yield server.url
     finally:
         server.stop()
+        if database:
+            database.stop()
 
 
 @pytest.mark.slow
