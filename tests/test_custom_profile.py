@@ -46,6 +46,9 @@ def test_custom_profile_from_a_fresh_clone(tmp_path: Path) -> None:
             {"role": "assistant", "content": "sure"},
         ]
         f.write(json.dumps({"messages": message}) + "\n")
-    assert set(dvc_json(root, env, "status")) == {"download@mychats", "tokenize@mychats"}
+    # the stages that read the downloaded corpus and nothing else (evaluate declares it for
+    # MultiWOZ's database and goals, on every corpus: a foreach stage cannot tell them apart)
+    readers = {"tokenize@mychats", *(f"evaluate@{key}" for key in params["train"]["runs"])}
+    assert set(dvc_json(root, env, "status")) == {"download@mychats"} | readers
     run(root, env, DVC, "repro", "-s", "download@mychats")
-    assert set(dvc_json(root, env, "status")) == {"tokenize@mychats"}
+    assert set(dvc_json(root, env, "status")) == readers

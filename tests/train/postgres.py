@@ -13,12 +13,19 @@ from pathlib import Path
 
 from tests.train.mlflow_server import free_port
 
+SBIN = os.pathsep.join(["/usr/sbin", "/sbin"])
+
+
+def _runuser() -> str | None:
+    """util-linux's ``runuser`` (in /usr/sbin, which a user's PATH may lack)."""
+    return shutil.which("runuser", path=os.pathsep.join([os.environ.get("PATH", ""), SBIN]))
+
 
 def available() -> str | None:
     """Why no server can be started here, or None."""
     if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
         return "PostgreSQL's initdb/pg_ctl are not on PATH (Debian: apt install postgresql)"
-    if os.geteuid() == 0 and shutil.which("runuser") is None:
+    if os.geteuid() == 0 and _runuser() is None:
         return "running as root without runuser to start PostgreSQL as its own user"
     try:
         import psycopg2  # noqa: F401  (the driver infra/mlflow's store URI names)
@@ -38,7 +45,7 @@ class Postgres:
         self.uri = f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/mlflow"
 
     def _run(self, *args: str) -> None:
-        as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        as_owner = [str(_runuser()), "-u", "postgres", "--"] if os.geteuid() == 0 else []
         subprocess.run([*as_owner, *args], check=True, capture_output=True, text=True)
 
     def start(self) -> None:
