@@ -58,7 +58,8 @@ elif kind == "work":
     os.makedirs("out/work", exist_ok=True)
     open(f"out/work/{{item}}.txt", "w").write(open("out/prep.txt").read() + item + "\\n")
 else:
-    parts = sorted(os.listdir("out/work"))
+    # not DVC's .gitignore: it lists the outputs in the order their stages finished
+    parts = sorted(p for p in os.listdir("out/work") if not p.startswith("."))
     open("out/report.txt", "w").write("".join(open(f"out/work/{{p}}").read() for p in parts))
 with open("runs.jsonl", "a") as log:
     name = f"{{kind}}@{{item}}" if item else kind
@@ -121,7 +122,7 @@ def outputs(project: Path) -> dict[str, str]:
     return {
         str(p.relative_to(project)): p.read_text()
         for p in sorted((project / "out").rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != ".gitignore"  # DVC's, in stage completion order
     }
 
 
