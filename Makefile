@@ -10,7 +10,7 @@ IN_VENV := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup repro test lint bench
+.PHONY: setup repro compare test lint bench
 
 # torch first: its CPU wheel is pinned; a looser resolve would pull several GB of CUDA wheels.
 $(VENV)/.installed: pyproject.toml
@@ -32,6 +32,9 @@ ifeq ($(JOBS),1)
 else
 	$(IN_VENV) $(BIN)/python -m pipeline.repro --jobs $(JOBS)
 endif
+
+compare: setup  ## the runs' key metrics side by side, a table per task (REV=main: changes since main)
+	$(BIN)/python -m pipeline compare $(if $(REV),--rev $(REV))
 
 test: setup  ## the layers' import contracts, then the whole test suite (slow tests included)
 	$(IN_VENV) PYTHONPATH=. $(BIN)/lint-imports

@@ -1,20 +1,26 @@
-"""Talk to a trained model: ``python -m pipeline chat`` and ``python -m pipeline rank``.
+"""After a run: talk to a trained model (``chat``, ``rank``), compare the runs' metrics
+(``compare``), copy fallback MLflow runs to the server (``sync-mlflow``), score a predictions
+file (``score``).
 
     python -m pipeline chat --run <model>-<corpus> [--beam 5 | --top-p 0.9 | --top-k 20] [--local]
     python -m pipeline chat --model-uri models:/hiertx-<model>-<corpus>/<version>
     python -m pipeline rank --run <key> --context "a|b|c" --candidates "x|y|z"
     python -m pipeline rank --run <key> --input file.json   # {"context": [..], "candidates": [..]}
+    python -m pipeline compare [--rev REV]   # the runs' key metrics side by side (report.compare)
     python -m pipeline sync-mlflow [--to URI]   # fallback runs -> the server (tracking.sync)
     python -m pipeline score multiwoz --predictions FILE.json --data DIR   # (multiwoz_score)
 
 A run's model is the pyfunc registered in MLflow (the version its train manifest names),
-or its local checkpoint when MLflow has none (or with ``--local``). ``chat`` reads user
-lines from stdin, keeps the dialogue history and prints one response per line (greedy by
-default); ``/reset`` starts a new dialogue. A response that is empty (the model ended it
-at once) prints as ``(empty reply)``. Sampling (``--top-p``/``--top-k``) draws each turn's
-seed from one generator seeded once with ``--seed``: every turn samples afresh, and the same
-``--seed`` and inputs repeat the whole conversation. ``rank`` prints the candidates best
-first.
+or its local checkpoint when MLflow has none (or with ``--local``). ``chat`` first prints a
+banner on stderr (the model and where it came from, the decoding, how to quit), then reads
+user lines from stdin, keeps the dialogue history and prints one response per line on
+stdout (greedy by default), so ``chat < lines.txt > replies.txt`` keeps replies only;
+``/reset`` starts a new dialogue and ``/quit`` (or Ctrl-D, Ctrl-C) ends. A response that is
+empty (the model ended it at once) prints as ``(empty reply)``. Sampling
+(``--top-p``/``--top-k``) draws each turn's seed from one generator seeded once with
+``--seed``: every turn samples afresh, and the same ``--seed`` and inputs repeat the whole
+conversation. ``rank`` prints the candidates best first, each after its score (the model's
+logit: higher is better; ``rank --help`` says more).
 """
 
 from __future__ import annotations
@@ -24,19 +30,37 @@ import json
 import random
 import sys
 import tempfile
+import textwrap
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import VOCAB_FILE, Layout, TrainRecord, read_train
 from pipeline.errors import ConfigError, DataError, HiertxError
 from pipeline.eval import multiwoz_score
+from pipeline.helpformat import HelpFormatter, describe
+from pipeline.report import compare
 from pipeline.tracking import store, sync
 
 RESET = "/reset"
+QUIT = "/quit"
 EMPTY_REPLY = "(empty reply)"  # what chat prints for a response with no tokens
 SAMPLING = ("nucleus", "top_k")
+RANK_SCORES = (
+    "Each score is the model's logit for the candidate: higher is better, and only the "
+    "order among one request's candidates means something. Trained with the default "
+    "binary cross-entropy loss, sigmoid(score) is the model's probability that the "
+    "candidate is a right response; with the LSE ranking loss only the order is trained."
+)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A model ready to answer, and where it came from (for ``chat``'s banner)."""
+
+    model: Any
+    source: str
 
 
 def read_record(layout: Layout, key: str) -> TrainRecord:
@@ -72,9 +96,9 @@ def _local_model(layout: Layout, record: TrainRecord, params_file: Path) -> Any:
     return model
 
 
-def _mlflow_model(uri: str, tracking_uri: str | None = None) -> Any:
+def _mlflow_model(uri: str, tracking_uri: str | None = None) -> tuple[Any, str]:
     """The ``HiertxModel`` inside a logged pyfunc (called directly, so decoding params pass
-    without a signature)."""
+    without a signature), and the tracking store it came from."""
     import mlflow
 
     store.configure_env()
@@ -82,25 +106,42 @@ def _mlflow_model(uri: str, tracking_uri: str | None = None) -> Any:
         mlflow.set_tracking_uri(tracking_uri)
         store.follow_move(tracking_uri)  # a moved project's store: models beside it
     try:
-        return mlflow.pyfunc.load_model(uri).unwrap_python_model()
+        model = mlflow.pyfunc.load_model(uri).unwrap_python_model()
     except Exception as err:  # mlflow raises many types for a missing model or store
         raise ConfigError(
             "--model-uri", f"cannot load {uri} ({type(err).__name__}: {err})"
         ) from None
+    return model, mlflow.get_tracking_uri()
 
 
 def load(args: argparse.Namespace) -> Any:
     """The model ``--model-uri`` or ``--run`` names (see the module docstring)."""
+    return load_named(args).model
+
+
+def load_named(args: argparse.Namespace) -> Loaded:
+    """:func:`load`'s model and where it came from."""
     root = Path(args.root).resolve()
     if args.model_uri:
-        return _mlflow_model(args.model_uri)
+        model, tracking = _mlflow_model(args.model_uri)
+        return Loaded(model, f"MLflow model {args.model_uri} (store {tracking})")
     layout = Layout(root)
     record = read_record(layout, args.run)
-    info = record.seeds[0].mlflow
+    seed = record.seeds[0]
+    info = seed.mlflow
     if not args.local and info and info.registered_model and info.model_version:
         uri = f"models:/{info.registered_model}/{info.model_version}"
-        return _mlflow_model(uri, store.resolve_uri(info.tracking_uri, root))
-    return _local_model(layout, record, Path(args.params))
+        model, tracking = _mlflow_model(uri, store.resolve_uri(info.tracking_uri, root))
+        return Loaded(
+            model,
+            f"run {args.run} (training seed {seed.seed}): MLflow model {uri} (store {tracking})",
+        )
+    why = "--local" if args.local else "no registered MLflow model"
+    checkpoint = layout.resolve(seed.checkpoint)
+    return Loaded(
+        _local_model(layout, record, Path(args.params)),
+        f"run {args.run} (training seed {seed.seed}): local checkpoint {checkpoint} ({why})",
+    )
 
 
 def _task(model: Any) -> str:
@@ -113,15 +154,57 @@ def decode_params(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--top-p", f"must be in (0, 1], got {args.top_p}")
     if args.top_k < 0:
         raise ConfigError("--top-k", f"must be >= 0 (0 = off), got {args.top_k}")
-    if args.beam and (args.top_p is not None or args.top_k):
+    if args.beam < 0:
+        raise ConfigError("--beam", f"must be >= 1 (0 = off), got {args.beam}")
+    if args.temperature <= 0:
+        raise ConfigError("--temperature", f"must be > 0, got {args.temperature}")
+    sampling = args.top_p is not None or args.top_k > 0
+    if args.beam and sampling:
         raise ConfigError("--beam", "choose beam search or sampling (--top-p/--top-k), not both")
+    if args.temperature != 1.0 and not sampling:
+        raise ConfigError("--temperature", "applies to sampling: add --top-p or --top-k")
     if args.beam:
         return {"strategy": "beam", "beam_size": args.beam}
+    temperature = {"temperature": args.temperature} if args.temperature != 1.0 else {}
     if args.top_p is not None:  # with --top-k too: the k best, then the nucleus of those
-        return {"strategy": "nucleus", "top_p": args.top_p, "top_k": args.top_k}
+        return {"strategy": "nucleus", "top_p": args.top_p, "top_k": args.top_k, **temperature}
     if args.top_k:
-        return {"strategy": "top_k", "top_k": args.top_k}
+        return {"strategy": "top_k", "top_k": args.top_k, **temperature}
     return {}
+
+
+def describe_decoding(params: dict[str, Any], seed: int, max_length: int) -> str:
+    """``decode_params``' decoding in words, for the banner."""
+    strategy = params.get("strategy", "greedy")
+    if strategy == "beam":
+        how = f"beam search, width {params['beam_size']}"
+    elif strategy in SAMPLING:
+        cut = []
+        if params.get("top_k"):
+            cut.append(f"top-k {params['top_k']}")
+        if strategy == "nucleus":
+            cut.append(f"top-p {params['top_p']}")
+        how = (
+            f"sampling ({', '.join(cut)}), temperature {params.get('temperature', 1.0)}, "
+            f"seed {seed} (each turn draws its own seed from it)"
+        )
+    else:
+        how = "greedy (the most likely token at each step)"
+    return f"{how}; at most {max_length} tokens per reply"
+
+
+def banner(loaded: Loaded, params: dict[str, Any], seed: int) -> str:
+    """What ``chat`` prints on stderr before the first turn: the model, the decoding, how
+    to reset and quit."""
+    spec = loaded.model.spec
+    return "\n".join(
+        (
+            f"hiertx chat: {loaded.source}",
+            f"decoding: {describe_decoding(params, seed, spec.max_response)}",
+            f"type a line and press Enter; {RESET} starts a new dialogue; "
+            f"{QUIT}, Ctrl-D or Ctrl-C quits",
+        )
+    )
 
 
 def turn_seeds(seed: int) -> Iterator[int]:
@@ -133,14 +216,17 @@ def turn_seeds(seed: int) -> Iterator[int]:
 
 
 def chat(args: argparse.Namespace) -> int:
+    """Run ``chat`` (see the module docstring): replies on stdout, the banner on stderr."""
     params = decode_params(args)
-    model = load(args)
+    loaded = load_named(args)
+    model = loaded.model
     if _task(model) != "generate":
         raise ConfigError(
             "--run",
             f"chat needs a generate model; this one is {_task(model)} "
             "(use `python -m pipeline rank` for select models)",
         )
+    print(banner(loaded, params, args.seed), file=sys.stderr, flush=True)
     history: list[str] = []
     seeds = turn_seeds(args.seed)
     interactive = sys.stdin.isatty()
@@ -153,6 +239,8 @@ def chat(args: argparse.Namespace) -> int:
         line = line.strip()
         if not line:
             continue
+        if line == QUIT:
+            return 0
         if line == RESET:
             history = []
             continue
@@ -168,6 +256,7 @@ def _split(value: str) -> list[str]:
 
 
 def rank_inputs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """``rank``'s context and candidates, from ``--input`` or the ``|``-separated flags."""
     if args.input:
         path = Path(args.input)
         try:
@@ -185,6 +274,7 @@ def rank_inputs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def rank(args: argparse.Namespace) -> int:
+    """Run ``rank``: ``<score>\\t<candidate>`` lines, best first (see ``RANK_SCORES``)."""
     context, candidates = rank_inputs(args)
     if not candidates:
         raise ConfigError("--candidates", "no candidates to rank")
@@ -197,36 +287,109 @@ def rank(args: argparse.Namespace) -> int:
     return 0
 
 
+CHAT_HELP = """Chat with a generate model: one reply (stdout) per line you type (stdin).
+
+A banner on stderr names the model, the decoding and how to quit; stdout carries replies
+only, one per line, so `chat < lines.txt > replies.txt` works. /reset starts a new
+dialogue; /quit, Ctrl-D (end of input) or Ctrl-C ends. Greedy decoding unless --beam,
+--top-p or --top-k is given."""
+
+RANK_HELP = f"""Rank candidate responses to a context with a select model.
+
+Prints one line per candidate, best first: the score, a tab, the candidate.
+{textwrap.fill(RANK_SCORES, 88)}"""
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every parser under ``parser`` (the subcommands' included, wherever they were built)
+    shows its options' defaults, keeps its description's line breaks and reads as text
+    (:func:`describe`: no reST markup, no example lines repeating the usage line)."""
+    parser.formatter_class = HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                sub.description = describe(sub.description) or None
+                if not sub.description and helps.get(name):  # `score --help` said nothing
+                    sub.description = f"{helps[name][0].upper()}{helps[name][1:]}."
+                _show_defaults(sub)
+
+
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__.splitlines()[0])
-    commands = top.add_subparsers(dest="command", required=True)
-    for name, help_text in (("chat", "chat with a generate model"), ("rank", "rank candidates")):
-        sub = commands.add_parser(name, help=help_text)
+    """``python -m pipeline``'s parser: ``chat``, ``rank``, ``compare``, ``sync-mlflow``,
+    ``score``."""
+    # the examples of every command stay: the top usage line names none of them
+    top = argparse.ArgumentParser(
+        prog="python -m pipeline", description=describe(__doc__, drop_usage=False)
+    )
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text, description in (
+        ("chat", "chat with a generate model", CHAT_HELP),
+        ("rank", "rank candidate responses with a select model", RANK_HELP),
+    ):
+        sub = commands.add_parser(name, help=help_text, description=description)
         which = sub.add_mutually_exclusive_group(required=True)
-        which.add_argument("--run", help="<model>-<corpus>: a trained run of data/train")
-        which.add_argument("--model-uri", help="an MLflow model URI (models:/name/version)")
-        sub.add_argument("--local", action="store_true", help="use the local checkpoint")
+        which.add_argument(
+            "--run", help="<model>-<corpus>[-<variant>]: a trained run of data/train"
+        )
+        which.add_argument("--model-uri", help="an MLflow model URI (models:/<name>/<version>)")
+        sub.add_argument(
+            "--local",
+            action="store_true",
+            help="use the run's local checkpoint even when MLflow has its registered model",
+        )
         sub.add_argument("--root", default=".", help="project folder (holds data/)")
-        sub.add_argument("--params", default="params.yaml", help="for the corpus' limits")
+        sub.add_argument(
+            "--params",
+            default="params.yaml",
+            help="params file whose corpus limits cut the history (local checkpoints only)",
+        )
     chat_args = commands.choices["chat"]
-    chat_args.add_argument("--beam", type=int, default=0, help="beam search of this width")
-    chat_args.add_argument("--top-p", type=float, default=None, help="nucleus sampling")
-    chat_args.add_argument("--top-k", type=int, default=0, help="top-k sampling (0 = off)")
+    chat_args.add_argument(
+        "--beam", type=int, default=0, help="beam search of this width (0: off, greedy)"
+    )
+    chat_args.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="nucleus sampling: sample from the smallest set of tokens whose probability "
+        "reaches this, in (0, 1] (default: off)",
+    )
+    chat_args.add_argument(
+        "--top-k", type=int, default=0, help="sample from the k most likely tokens (0: off)"
+    )
+    chat_args.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="divides the logits before sampling (> 0; with --top-p or --top-k)",
+    )
     chat_args.add_argument(
         "--seed", type=int, default=0, help="seeds the sampling of the whole conversation"
     )
     rank_args = commands.choices["rank"]
-    rank_args.add_argument("--context", default="", help='utterances, oldest first: "a|b|c"')
-    rank_args.add_argument("--candidates", default="", help='"x|y|z"')
-    rank_args.add_argument("--input", help='JSON file {"context": [..], "candidates": [..]}')
+    rank_args.add_argument(
+        "--context", default="", help='the dialogue so far, oldest first: "a|b|c" (default: none)'
+    )
+    rank_args.add_argument("--candidates", default="", help='the candidates to rank: "x|y|z"')
+    rank_args.add_argument(
+        "--input", help='JSON file {"context": [..], "candidates": [..]} instead of the flags'
+    )
+    compare.add_parser(commands)
     sync.add_parser(commands)
+    # its module docstring's first line alone stops mid-sentence: the whole story
+    commands.choices[sync.COMMAND].description = describe(sync.__doc__)
     multiwoz_score.add_parser(commands)
+    _show_defaults(top)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline``: exit 0, 2 on a usage or config error, 130 on Ctrl-C."""
     args = parser().parse_args(argv)
     try:
+        if args.command == compare.COMMAND:
+            return compare.run_command(args)
         if args.command == sync.COMMAND:
             return sync.run_command(args)
         if args.command == multiwoz_score.COMMAND:

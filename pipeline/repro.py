@@ -42,6 +42,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.helpformat import HelpFormatter, describe
+
 DVC = [sys.executable, "-m", "dvc"]
 TIMES = Path(".dvc/tmp/repro-times.json")
 TAIL_LINES = 20
@@ -261,17 +263,25 @@ def exit_code(returncode: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m pipeline.repro [--jobs N] [--final STAGE ...] [--dry-run]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.repro", description=(__doc__ or "").split("\n")[0]
+        prog="python -m pipeline.repro",
+        description=describe((__doc__ or "").split("\n\n")[0])
+        + "\n\nEach stage runs as `dvc --wait-for-lock repro -s <stage>` once every stage it "
+        "depends on\nhas finished; the final stages run in a closing plain `dvc repro`. "
+        "Start and end\ntimes land in .dvc/tmp/repro-times.json.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--jobs", "-j", type=int, default=1, help="stages at a time (1: dvc repro)")
+    parser.add_argument(
+        "--jobs", "-j", type=int, default=1, help="stages run at once (1: a plain dvc repro)"
+    )
     parser.add_argument(
         "--final",
         nargs="+",
         action="extend",
         metavar="STAGE",
-        help="left to the closing dvc repro with all it feeds (default: stages nothing depends on)",
+        help="stages left, with all they feed, to the closing dvc repro "
+        "(default: the stages nothing depends on)",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and run nothing")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")

@@ -3,17 +3,23 @@
 - ``generate`` models take a dialogue history (a list of utterance strings, oldest first)
   and return a response string (``params`` may set any ``DecodeConfig`` field);
 - ``select`` models take a history and a list of candidate strings and return one score
-  per candidate (higher = better);
+  per candidate (the model's logit: higher = better);
 - ``lm`` models take a document (a list of sentence strings) and return its perplexity.
 
 Input: a pandas DataFrame or a list of dicts (one per row) with columns ``history`` (+
 ``candidates``) or ``document``. The logged model carries this as its signature (per task,
 with the decoding params of ``generate`` models and their defaults) and an input example,
-which the MLflow UI shows and ``mlflow models serve`` checks requests against. The pyfunc
-carries no pickled torch model: its artifacts are the final checkpoint (loaded with
-``weights_only=True``), the vocabulary and a small spec; the model is rebuilt through the
-registry from the config stored in the checkpoint. The ``pipeline`` package travels with the
-model (``code_paths``) so it loads where hiertx is not installed.
+which the MLflow UI shows and ``mlflow models serve`` checks requests against (its types and
+columns; unknown params are dropped there). A request the model cannot answer (a param out
+of range, an unknown strategy, an empty or missing column) raises :class:`RequestError`:
+served, an HTTP 400 whose JSON ``message`` is one line naming the field, the bad value and
+the valid values.
+
+The pyfunc carries no pickled torch model: its artifacts are the final checkpoint (loaded
+with ``weights_only=True``), the vocabulary and a small spec; the model is rebuilt through
+the registry from the config stored in the checkpoint. The ``pipeline`` package travels
+with the model (``code_paths``) so it loads where hiertx is not installed; its
+``requirements.txt`` pins versions PyPI serves (:func:`pin`).
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 import torch
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
-from pipeline.config import CorpusParams, GenerateParams
+from pipeline.config import CorpusParams, DecodeStrategy, GenerateParams
 from pipeline.data.batch import GenerateBatch, History, LMBatch, SelectBatch
 from pipeline.data.history import text_histories
 from pipeline.data.loader import collate_history
@@ -70,6 +78,30 @@ class ServingSpec:
             max_candidate=corpus.select.max_candidate,
             max_sentence=corpus.lm.max_sentence,
         )
+
+
+class RequestError(MlflowException, ValueError):
+    """A request the model cannot answer, in one line: the field, the bad value and what is
+    valid. MLflow's scoring server answers it with HTTP 400 and ``{"error_code":
+    "INVALID_PARAMETER_VALUE", "message": <the line>}``; any other exception from
+    ``predict`` becomes a 400 whose JSON carries the whole traceback.
+
+    The server prefixes the message of an ``MlflowException`` raised by ``predict`` with
+    ``Failed to predict data '<the request's DataFrame>'. \\nError: `` (assigning
+    ``e.message``), which makes it several lines long and echoes the whole request: the
+    message this error was created with is kept."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
+
+    @property
+    def message(self) -> str:
+        return self._message
+
+    @message.setter
+    def message(self, value: str) -> None:
+        if not hasattr(self, "_message"):  # the first assignment: MlflowException.__init__
+            self._message = value
 
 
 # --------------------------------------------------------------------------- text -> batch
@@ -135,6 +167,9 @@ def select_batch(
     spec: ServingSpec,
 ) -> SelectBatch:
     history = encode_histories(histories, vocab, spec)
+    for i, row in enumerate(candidates):
+        if not row:
+            raise RequestError(f"row {i}: column 'candidates' is empty; valid: 1 or more strings")
     n = max(len(c) for c in candidates)
     encoded = [[_utterance(vocab, c, spec.max_candidate) for c in row] for row in candidates]
     width = max(len(c) for row in encoded for c in row)
@@ -185,10 +220,82 @@ def _records(model_input: Any) -> list[dict[str, Any]]:
 
 
 def _column(records: list[dict[str, Any]], name: str) -> list[list[str]]:
+    """Column ``name`` of every row, each a list of strings (a JSON array or a numpy array
+    of them, as MLflow passes it)."""
+    rows = []
+    for i, record in enumerate(records):
+        if name not in record:
+            have = ", ".join(map(repr, record)) or "none"
+            raise RequestError(
+                f"row {i}: missing column {name!r} (a list of strings); columns given: {have}"
+            )
+        value = record[name]
+        if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+            raise RequestError(
+                f"row {i}: column {name!r} is {type(value).__name__} {value!r}; "
+                "valid: a list of strings"
+            )
+        rows.append([str(t) for t in value])
+    return rows
+
+
+def _valid_values(name: str) -> str:
+    """What ``DecodeConfig`` field ``name`` accepts, in words (from its declaration)."""
+    from pipeline.decode import DecodeConfig
+
+    field = DecodeConfig.model_fields[name]
+    if name == "strategy":
+        return ", ".join(s.value for s in DecodeStrategy)
+    kind = field.annotation.__name__ if isinstance(field.annotation, type) else "a value"
+    if kind == "bool":
+        return "true or false"
+    words = {"int": "an integer", "float": "a number"}.get(kind, kind)
+    bounds = [
+        f"{symbol} {getattr(rule, attr)}"
+        for rule in field.metadata
+        for attr, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+        if getattr(rule, attr, None) is not None
+    ]
+    return f"{words} {' and '.join(bounds)}" if bounds else words
+
+
+def decode_config(params: dict[str, Any], max_length: int) -> Any:
+    """The ``DecodeConfig`` of a request's ``params`` (``max_length`` defaults to
+    ``max_length``); a bad one raises :class:`RequestError` naming each bad param, its
+    value and the valid values."""
+    from pydantic import ValidationError
+
+    from pipeline.decode import DecodeConfig
+
+    given = {"max_length": max_length, **params}
     try:
-        return [[str(t) for t in r[name]] for r in records]
-    except KeyError:
-        raise ValueError(f"input needs a {name!r} column (a list of strings per row)") from None
+        return DecodeConfig(**given)
+    except ValidationError as err:
+        problems = []
+        for error in err.errors():
+            if error["loc"]:  # one field's type or range
+                name = str(error["loc"][0])
+                if error["type"] == "extra_forbidden":
+                    valid = ", ".join(DecodeConfig.model_fields)
+                    problems.append(f"params: unknown param {name!r}; valid params: {valid}")
+                    continue
+                problems.append(
+                    f"params.{name}: {error['input']!r} is not valid; "
+                    f"valid values: {_valid_values(name)}"
+                )
+            else:  # a rule across fields (DecodeConfig._check): "<field>: <rule>"
+                rule = str(error["ctx"]["error"]) if "ctx" in error else error["msg"]
+                name, _, why = rule.partition(": ")
+                fields = DecodeConfig.model_fields
+                value = given.get(name, fields[name].default if name in fields else None)
+                others = [
+                    f"{f} = {given.get(f, fields[f].default)!r}"
+                    for f in fields
+                    if f != name and f in why
+                ]
+                context = f" ({', '.join(others)})" if others else ""
+                problems.append(f"params.{name}: {value!r} is not valid: {why}{context}")
+        raise RequestError("; ".join(problems)) from None
 
 
 class HiertxModel(mlflow.pyfunc.PythonModel):
@@ -236,9 +343,9 @@ class HiertxModel(mlflow.pyfunc.PythonModel):
             return [perplexity_of(float(v)) for v in nll / n]
 
     def _generate(self, histories: list[list[str]], params: dict[str, Any]) -> list[str]:
-        from pipeline.decode import DecodeConfig, generate
+        from pipeline.decode import generate
 
-        config = DecodeConfig(**{"max_length": self.spec.max_response, **params})
+        config = decode_config(params, self.spec.max_response)
         out = generate(self.model, generate_batch(histories, self.vocab, self.spec), config)
         return [
             self.vocab.decode(row[:n].tolist())
@@ -308,11 +415,36 @@ def input_example(spec: ServingSpec) -> pd.DataFrame:
     return pd.DataFrame({"document": [EXAMPLE_HISTORY]})
 
 
+# What the pyfunc imports where it is served: the code it carries (``pipeline``, see
+# ``code_paths``) imports these at load or predict time (tokenizers: a BPE vocabulary).
+SERVED_DISTRIBUTIONS = (
+    "torch",
+    "mlflow",
+    "pydantic",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "pyyaml",
+    "tokenizers",
+)
+
+
+def pin(distribution: str, installed: str) -> str:
+    """``distribution==<version>`` that pip can resolve from PyPI: the installed version's
+    public part. A local version label (PEP 440 ``+...``: ``torch 2.13.0+cpu`` from the
+    PyTorch CPU index, ``+cu128``, a ``+g<hash>`` source build) names a build PyPI never
+    serves, and ``==2.13.0+cpu`` matches no PyPI release; ``==2.13.0`` does."""
+    from packaging.version import Version
+
+    return f"{distribution}=={Version(installed).public}"
+
+
 def pip_requirements() -> list[str]:
-    """What the pyfunc needs to load, pinned to this environment's versions."""
+    """What the pyfunc needs to load, pinned to this environment's versions (see
+    :func:`pin`)."""
     from importlib.metadata import version
 
-    return [f"{pkg}=={version(pkg)}" for pkg in ("torch", "mlflow", "pydantic", "numpy", "pyyaml")]
+    return [pin(pkg, version(pkg)) for pkg in SERVED_DISTRIBUTIONS]
 
 
 def log_pyfunc(

@@ -14,7 +14,6 @@ change to ``params.yaml`` re-runs no download, and a changed source re-runs its 
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from pipeline.artifacts import SourceDeclaration
 from pipeline.config import Params
 from pipeline.errors import HiertxError
+from pipeline.helpformat import command_parser
 from pipeline.plan import load_checked
 
 
@@ -32,13 +32,11 @@ def select_params(params: Params, key: None = None) -> Params:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m stages.check",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = command_parser("python -m stages.check", __doc__)
     parser.add_argument("--params", default="params.yaml", help="the params file to check")
-    parser.add_argument("--out", default="data/sources", help="where the declarations go")
+    parser.add_argument(
+        "--out", default="data/sources", help="folder of the <corpus>.json source declarations"
+    )
     args = parser.parse_args(argv)
     try:
         params = select_params(load_checked(args.params))

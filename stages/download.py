@@ -11,7 +11,6 @@ stands in for the internet.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from pipeline.artifacts import SOURCES_FILE, DownloadRecord, Layout, SourceDecla
 from pipeline.config import DownloadParams, Params
 from pipeline.data.download import download_corpus
 from pipeline.errors import HiertxError
+from pipeline.helpformat import command_parser
 from pipeline.plan import load_checked
 
 
@@ -29,11 +29,7 @@ def select_params(params: Params, corpus: str) -> DownloadParams:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m stages.download",
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = command_parser("python -m stages.download", __doc__)
     parser.add_argument("corpus", help="a name in corpora: of params.yaml")
     parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--out", default="data/raw", help="folder to write <corpus>/ into")

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from pipeline.artifacts import Layout
 from pipeline.config import Params, parse_run_key
 from pipeline.errors import ConfigError, HiertxError
 from pipeline.eval.stage import EvalSettings, evaluate_run
+from pipeline.helpformat import command_parser
 from pipeline.plan import load_checked
 
 
@@ -37,9 +37,9 @@ def select_params(params: Params, key: str) -> EvalSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser("python -m stages.evaluate", __doc__)
     parser.add_argument("run", help="a trained run's key: <model>-<corpus>[-<variant>]")
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
     )

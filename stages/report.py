@@ -3,14 +3,15 @@
     python -m stages.report [--params params.yaml]
 
 Reads ``data/eval/<run>/`` and ``data/train/<run>/`` of every run in ``train.runs`` and
-``tune.runs``, the MLflow validation history of each, and one real test history of the
-first generate corpus; writes ``reports/`` and ``plots/valid_loss.csv`` (``dvc plots
-show``) and logs the report to MLflow (experiment ``<prefix>/report``).
+``tune.runs``, the MLflow validation history of each, and test histories of each generate
+corpus (``data/shards``: the attention-mask figure and the Samples section); writes
+``reports/`` (tables, diagnostics of degenerate results, samples, figures) and
+``plots/valid_loss.csv`` (``dvc plots show``) and logs the report to MLflow (experiment
+``<prefix>/report``).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from pipeline.config import (
@@ -21,6 +22,7 @@ from pipeline.config import (
     TuneParams,
 )
 from pipeline.errors import HiertxError
+from pipeline.helpformat import command_parser
 from pipeline.plan import load_checked
 from pipeline.report.build import build_report
 
@@ -47,8 +49,8 @@ def select_params(params: Params, key: None = None) -> Params:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
+    parser = command_parser("python -m stages.report", __doc__)
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     args = parser.parse_args(argv)
     try:
         report = build_report(select_params(load_checked(args.params)), ".")

@@ -9,7 +9,6 @@ Reads ``<raw>/<corpus>/`` and writes ``<out>/<corpus>/`` (``manifest.json``, ``v
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pipeline.config import Params, TokenizeParams
 from pipeline.data.splits import Split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.errors import ConfigError, HiertxError
+from pipeline.helpformat import command_parser
 from pipeline.plan import load_checked
 
 
@@ -38,9 +38,9 @@ def select_params(params: Params, corpus: str) -> TokenizeParams:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser("python -m stages.tokenize", __doc__)
     parser.add_argument("corpus", help="a name in corpora: of params.yaml")
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument("--raw", default="data/raw", help="folder holding <corpus>/ raw files")
     parser.add_argument("--out", default="data/shards", help="folder to write <corpus>/ into")
     parser.add_argument(

@@ -11,11 +11,11 @@ checkpoint paths, metrics). A run listed under ``tune.runs`` starts from
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from pipeline.config import Params
 from pipeline.errors import HiertxError
+from pipeline.helpformat import command_parser
 from pipeline.plan import RunRequest, load_checked
 from pipeline.train.training import train_seeds
 
@@ -29,9 +29,11 @@ def select_params(params: Params, key: str) -> RunRequest:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run", help="a key of train.runs or tune.runs: <model>-<corpus>")
-    parser.add_argument("--params", default="params.yaml")
+    parser = command_parser("python -m stages.train", __doc__)
+    parser.add_argument(
+        "run", help="a key of train.runs or tune.runs: <model>-<corpus>[-<variant>]"
+    )
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
     )

@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from pipeline.config import Params
 from pipeline.errors import HiertxError
+from pipeline.helpformat import command_parser
 from pipeline.plan import RunRequest, load_checked
 from pipeline.train.tuning import tune_run
 
@@ -26,9 +26,9 @@ def select_params(params: Params, key: str) -> RunRequest:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_parser("python -m stages.tune", __doc__)
     parser.add_argument("run", help="a key of tune.runs: <model>-<corpus>")
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="the params file")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
     )

@@ -81,6 +81,11 @@ def test_chat_keeps_the_history_and_answers_like_generate(project, monkeypatch, 
     assert done.returncode == 0, done.stderr
     answers = done.stdout.splitlines()
     assert len(answers) == 2
+    # stderr: the banner (3 lines) and nothing else, no library warning
+    assert done.stderr.startswith("hiertx chat: run transformer-chitchat (training seed "), (
+        done.stderr
+    )
+    assert len(done.stderr.splitlines()) == 3 and "Warning" not in done.stderr, done.stderr
 
     # the same responses, decoded in-process from the checkpoint with the growing history
     model = load_model(project / "data" / "train" / "transformer-chitchat" / "model.pt", "cpu")
@@ -179,24 +184,32 @@ def test_an_empty_reply_is_shown_as_empty(random_project, monkeypatch, capsys):
     assert replies == [cli.EMPTY_REPLY, cli.EMPTY_REPLY]
 
 
-def test_sampling_varies_across_turns_and_repeats_with_the_seed(
-    random_project, monkeypatch, capsys
-):
+def record_decode_configs(monkeypatch) -> list:
+    """The ``DecodeConfig`` of every ``generate`` call chat makes from now on."""
     import pipeline.decode
 
-    seeds: list[int] = []
+    configs: list = []
     real = pipeline.decode.generate
 
     def spy(model, batch, config):
-        seeds.append(config.seed)
+        configs.append(config)
         return real(model, batch, config)
 
     monkeypatch.setattr(pipeline.decode, "generate", spy)
+    return configs
+
+
+def test_sampling_varies_across_turns_and_repeats_with_the_seed(
+    random_project, monkeypatch, capsys
+):
+    configs = record_decode_configs(monkeypatch)
     lines = ["hi , how are you ?", "what do you do for fun ?", "tell me more"]
 
     def chat(*args: str) -> tuple[list[str], list[int]]:
-        seeds.clear()
-        return chat_in_process(random_project, monkeypatch, capsys, lines, *args), list(seeds)
+        configs.clear()
+        return chat_in_process(random_project, monkeypatch, capsys, lines, *args), [
+            c.seed for c in configs
+        ]
 
     for sampling in (["--top-p", "0.9"], ["--top-k", "50"], ["--top-p", "0.9", "--top-k", "50"]):
         first, turn_seeds = chat(*sampling, "--seed", "7")
@@ -212,3 +225,58 @@ def test_bad_sampling_arguments_name_the_flag(capsys):
                        (["--beam", "3", "--top-k", "5"], "--beam")):  # fmt: skip
         assert cli.main(["chat", "--run", "transformer-chitchat", *args]) == 2
         assert flag in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the banner
+
+
+def chat_banner(root: Path, monkeypatch, capsys, lines: list[str], *args: str) -> tuple:
+    """``chat`` on ``random_project``'s run: (exit code, replies on stdout, stderr)."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
+    argv = ["chat", "--run", "transformer-chitchat", "--root", str(root), *args]
+    code = cli.main([*argv, "--params", str(root / "missing.yaml")])
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err
+
+
+def test_chat_banner_names_the_model_the_decoding_and_how_to_quit(
+    random_project, monkeypatch, capsys
+):
+    code, replies, err = chat_banner(random_project, monkeypatch, capsys, ["hi", "/quit", "x"])
+    assert code == 0
+    assert len(replies) == 1  # /quit ended the chat before "x"; stdout holds replies only
+    banner = err.splitlines()
+    assert len(banner) == 3, err
+    checkpoint = random_project / "data" / "train" / "transformer-chitchat" / "model.pt"
+    assert banner[0] == (
+        "hiertx chat: run transformer-chitchat (training seed 0): local checkpoint "
+        f"{checkpoint} (no registered MLflow model)"
+    )
+    # the history limits of a params file that is missing: ServingSpec's defaults
+    assert (
+        banner[1]
+        == "decoding: greedy (the most likely token at each step); at most 30 tokens per reply"
+    )
+    assert banner[2] == (
+        "type a line and press Enter; /reset starts a new dialogue; /quit, Ctrl-D or Ctrl-C quits"
+    )
+
+    sampled = ["--top-p", "0.9", "--top-k", "5", "--temperature", "0.7", "--seed", "3"]
+    _, _, err = chat_banner(random_project, monkeypatch, capsys, ["hi"], "--local", *sampled)
+    assert "(--local)" in err.splitlines()[0]
+    assert err.splitlines()[1] == (
+        "decoding: sampling (top-k 5, top-p 0.9), temperature 0.7, seed 3 "
+        "(each turn draws its own seed from it); at most 30 tokens per reply"
+    )
+    _, _, err = chat_banner(random_project, monkeypatch, capsys, ["hi"], "--beam", "4")
+    assert err.splitlines()[1].startswith("decoding: beam search, width 4;")
+
+
+def test_temperature_is_passed_to_sampling_and_refused_without_it(
+    random_project, monkeypatch, capsys
+):
+    configs = record_decode_configs(monkeypatch)
+    chat_banner(random_project, monkeypatch, capsys, ["hi"], "--top-k", "5", "--temperature", "0.5")
+    assert [c.temperature for c in configs] == [0.5]
+    code, _, err = chat_banner(random_project, monkeypatch, capsys, ["hi"], "--temperature", "0.5")
+    assert code == 2 and "--temperature" in err and "--top-p or --top-k" in err

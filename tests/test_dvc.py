@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import importlib
+import itertools
 import os
 import re
 import shutil
@@ -318,6 +319,36 @@ def test_check_stage_comes_first_and_gates_every_download() -> None:
     assert [name for name, stage in spec.items() if WHOLE_FILE in stage.get("deps", [])] == [
         "check"
     ]  # any other stage with the file dep would re-run on every params change
+
+
+# --------------------------------------------------------------------------- the README's DAG
+
+
+def _reach(edges: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The transitive closure of ``edges``: every (a, b) with a path from a to b."""
+    closure = set(edges)
+    while more := {(a, d) for a, b in closure for c, d in closure if b == c} - closure:
+        closure |= more
+    return closure
+
+
+def test_the_readme_diagram_is_the_stage_graph_of_dvc_yaml() -> None:
+    """The README's ``mermaid`` flowchart has a node per stage kind (``train@run`` ->
+    ``train``); what depends on what in it is what ``dvc dag`` says of the default params,
+    up to edges implied by others (``download -> evaluate`` by ``download -> tokenize ->
+    train -> evaluate``)."""
+    from dvc.repo import Repo
+
+    with Repo(str(REPO)) as repo:
+        graph = repo.index.graph  # edges from a stage to the stages it depends on
+        real = {(d.addressing.split("@")[0], s.addressing.split("@")[0]) for s, d in graph.edges}
+    (block,) = re.findall(r"```mermaid\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    drawn = set()
+    for line in block.splitlines()[1:]:
+        nodes = [re.sub(r"\[.*\]", "", part).strip() for part in line.split("-->")]
+        drawn |= set(itertools.pairwise(nodes))
+    assert {n for e in drawn for n in e} == {n for e in real for n in e}
+    assert _reach(drawn) == _reach(real)
 
 
 def _tiny_copy(root: Path) -> dict[str, str]:

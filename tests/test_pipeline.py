@@ -153,13 +153,15 @@ def test_make_repro_as_a_user_then_compare_experiments(tmp_path):
     report = (root / "reports" / "report.md").read_text()
     tables = json.loads((root / "reports" / "tables.json").read_text())["tables"]
     curves = (root / "plots" / "valid_loss.csv").read_text().splitlines()
+    ranking = (root / "plots" / "valid_ranking_loss.csv").read_text().splitlines()
     assert curves[0] == "step,valid_loss,run"
+    assert ranking[0] == "step,valid_ranking_loss,run"
     for key in keys:
         metrics = json.loads((root / "metrics" / f"{key}.json").read_text())
         assert metrics["n_examples"] > 0
         assert f"| {key} |" in report  # the overview
         assert any(row["run"] == key for t in tables for row in t["rows"])  # a paper table
-        assert any(line.endswith(f",{key}") for line in curves[1:]), key
+        assert any(line.endswith(f",{key}") for line in curves[1:] + ranking[1:]), key
     for png in ("learning_curves", "metrics", "length_vs_loss", "attention_masks", "unet_widths"):
         assert (root / "reports" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     second = run(root, env, *make)
@@ -225,14 +227,27 @@ def test_make_repro_as_a_user_then_compare_experiments(tmp_path):
         "params.yaml": {"evaluate.max_batches": {"old": 2, "new": 1, "diff": -1}}
     }
 
+    # `make compare REV=HEAD`: the experiment's key metrics beside their change since HEAD,
+    # within the 120 columns the README promises (the make line itself aside)
+    compared = run(root, env, *make[:-1], "compare", "REV=HEAD").splitlines()
+    tables = [line for line in compared if " -m pipeline compare" not in line]
+    assert max(map(len, tables)) <= 120, tables
+    for key in keys:
+        (row,) = [line for line in tables if line.split()[:1] == [key]]
+        assert row.count("(") >= 2  # each value beside its change (fewer-batches vs HEAD)
+
     plots = dvc_json(root, env, "plots", "diff", "HEAD")["data"]
     (chart,) = plots["plots/valid_loss.csv"]
     spec = chart["content"]
-    assert spec["title"]["text"] == "Validation loss per run"
+    assert spec["title"]["text"] == "Validation loss per run (generate and lm runs)"
+    assert spec["spec"]["encoding"]["y"]["title"] == "cross-entropy (nats/token)"
+    (ranking_chart,) = plots["plots/valid_ranking_loss.csv"]
+    ranked = {v["run"] for v in ranking_chart["content"]["data"]["values"]}
     assert spec["facet"]["field"] == "run"  # a panel per run, titled with its name
     assert spec["spec"]["encoding"]["color"]["field"] == "series"  # "<run> @ <revision>"
     values = spec["data"]["values"]
-    assert {v["run"] for v in values} == set(keys)
+    assert {v["run"] for v in values} | ranked == set(keys) and ranked
+    assert not {v["run"] for v in values} & ranked
     assert {v["rev"] for v in values} == {"workspace", "HEAD"}
 
     # 4. tracking settings record results and placement settings place runs: they do not

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from pipeline.decode import DecodeConfig
 from pipeline.models import registry
 from pipeline.serving import (
     HiertxModel,
+    RequestError,
     ServingSpec,
     encode_histories,
     input_example,
@@ -163,6 +165,8 @@ def test_select_pyfunc_scores_each_candidate_independently_of_padding(tmp_path, 
     batch = select_batch([rows[0]["history"]], [rows[0]["candidates"]], served.vocab, served.spec)
     with torch.no_grad():
         assert scores[0] == pytest.approx(served.model.score(batch)[0].tolist(), abs=1e-5)
+    with pytest.raises(RequestError, match=r"^row 1: column 'candidates' is empty"):
+        served.predict(None, [rows[0], {"history": ["hi"], "candidates": []}])
 
 
 def test_generate_pyfunc_needs_a_history_column(tmp_path, vocab):
@@ -180,8 +184,14 @@ def test_generate_pyfunc_needs_a_history_column(tmp_path, vocab):
     )
     answers = served.predict(None, [{"history": ["hi there", "how are you"]}], {"max_length": 5})
     assert len(answers) == 1 and len(answers[0].split()) <= 5
-    with pytest.raises(ValueError, match="'history' column"):
+    with pytest.raises(RequestError, match=r"^row 0: missing column 'history' .*given: 'text'$"):
         served.predict(None, [{"text": "hi"}])
+    with pytest.raises(RequestError, match=r"^row 0: column 'history' is str 'hi'; valid: a list"):
+        served.predict(None, [{"history": "hi"}])  # not read as the utterances "h", "i"
+    with pytest.raises(RequestError, match=r"^params.strategy: 'bogus' is not valid; valid values"):
+        served.predict(None, [{"history": ["hi"]}], {"strategy": "bogus"})
+    with pytest.raises(RequestError, match=r"^params: unknown param 'beam'; valid params: strat"):
+        served.predict(None, [{"history": ["hi"]}], {"beam": 3})  # MLflow's server drops it
 
 
 @pytest.mark.parametrize(
@@ -258,3 +268,75 @@ print("ANSWER", model.predict([{{"history": ["hi there", "how are you"]}}]))
         assert "VERSION 1" in done.stdout or "ANSWER" in done.stdout
         assert "type hint" not in done.stderr.lower(), done.stderr[-3000:]
         assert "\x1b[" not in done.stderr
+
+
+# --------------------------------------------------------------------------- requirements
+
+
+def test_pins_drop_the_local_version_label():
+    from pipeline.serving import pin
+
+    assert pin("torch", "2.13.0+cpu") == "torch==2.13.0"
+    assert pin("torch", "2.4.1+cu121") == "torch==2.4.1"
+    assert pin("mylib", "1.2.0rc1+g1a2b3c") == "mylib==1.2.0rc1"
+    assert pin("numpy", "2.4.6") == "numpy==2.4.6"
+
+
+def test_logged_requirements_are_public_pins_of_the_installed_versions():
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    from pipeline.serving import SERVED_DISTRIBUTIONS, pip_requirements
+
+    pins = [Requirement(line) for line in pip_requirements()]
+    assert [p.name for p in pins] == list(SERVED_DISTRIBUTIONS)
+    for requirement in pins:
+        (spec,) = requirement.specifier
+        assert spec.operator == "=="
+        assert Version(spec.version).local is None, requirement
+        installed = Version(version(requirement.name))
+        assert Version(spec.version) == Version(installed.public), requirement
+
+
+PIP_INDEX = [sys.executable, "-m", "pip", "index", "versions", "--isolated"]
+PIP_INDEX += ["--index-url", "https://pypi.org/simple"]
+
+
+@pytest.mark.slow  # asks PyPI (network)
+def test_every_pin_is_a_version_pypi_serves():
+    """``pip index versions`` against PyPI alone (``--isolated``: not this machine's pip
+    config, whose mirrors and find-links hold local builds) lists each pinned version; it
+    reads the index only (``pip install --dry-run`` of torch downloads a 500 MB wheel)."""
+    import re
+
+    from packaging.requirements import Requirement
+
+    from pipeline.serving import pip_requirements
+
+    for line in pip_requirements():
+        requirement = Requirement(line)
+        (spec,) = requirement.specifier
+        done = subprocess.run(
+            [*PIP_INDEX, requirement.name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        listed = re.search(r"Available versions: (.*)", done.stdout)
+        assert listed, done.stdout
+        assert spec.version in listed.group(1).split(", "), (line, listed.group(1)[:200])
+
+
+def test_the_readme_documents_every_decoding_param_and_strategy():
+    """README, "Serving a model": a row per request param, the strategies as they are."""
+    from pipeline.config import DecodeStrategy
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Serving a model", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    assert documented == set(DecodeConfig.model_fields)
+    strategies = ", ".join(f"`{s.value}`" for s in DecodeStrategy)
+    assert f"| `strategy` | `greedy` | {strategies} |" in section

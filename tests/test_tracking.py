@@ -54,7 +54,7 @@ def test_run_logs_params_metrics_and_artifacts_beside_the_db(stores):
     t.log_text("hello", "samples.txt")
     t.end()
     run = _run(uri, t.run_id)
-    assert exp == "hiertx/generate/chitchat" and not t.fell_back
+    assert exp == "hiertx-generate-chitchat" and not t.fell_back
     assert run.data.params == {"optimizer.lr": "0.1", "optimizer.betas": "(0.9, 0.98)", "seed": "3"}
     assert run.data.tags[tracking.TAG_MODEL] == "x" and run.info.status == "FINISHED"
     history = mlflow.tracking.MlflowClient(uri).get_metric_history(t.run_id, "valid_loss")

@@ -114,6 +114,14 @@ def multiwoz_metrics(
     }
 
 
+def batch_seed(seed: int, index: int) -> int:
+    """The decoding seed of test batch ``index``: drawn from ``(seed, index)``, so every
+    batch samples afresh and a run repeats exactly. (One seed for every batch gave the
+    examples at one position of their batches the same random draws: a model that ignores
+    the history then "said" the same sampled sentence to each of them.)"""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
 @dataclass(frozen=True)
 class GenerateEvaluator(Evaluator):
     """Evaluates generate models on one corpus's test split.
@@ -144,8 +152,9 @@ class GenerateEvaluator(Evaluator):
         ev = self.settings
         got = Collected()
         samples: list[str] = []
-        for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches, bar):
-            decoded = self._batch(model, examples, batch.to(self.device), got, bar, seed)
+        batches = test_batches(dataset, ev.batch_size, ev.max_batches, bar)
+        for index, (examples, batch) in enumerate(batches):
+            decoded = self._batch(model, examples, batch.to(self.device), got, bar, seed, index)
             samples += self._samples(examples, batch, got, decoded, ev.n_samples - len(samples))
         got.require(dataset)
         metrics = {m.N_EXAMPLES.key: float(len(got.ids)), **got.nll_metrics()}
@@ -161,8 +170,10 @@ class GenerateEvaluator(Evaluator):
         got: Collected,
         bar: Reporter | None,
         seed: int,
+        index: int,
     ) -> dict[str, list[str]]:
-        """Score and decode one batch into ``got``; returns its responses by suffix."""
+        """Score and decode batch number ``index`` into ``got``; returns its responses by
+        suffix."""
         from pipeline.decode import generate
 
         nll = example_nll(model, batch, self.settings.latent_samples, seed)
@@ -177,7 +188,9 @@ class GenerateEvaluator(Evaluator):
         for suffix, config in self.configs.items():
             if bar is not None and len(self.configs) > 1:
                 bar.update(info=f"decoding {decode_label(suffix)}")
-            out = generate(model, batch, config)
+            out = generate(
+                model, batch, config.model_copy(update={"seed": batch_seed(config.seed, index)})
+            )
             decoded[suffix] = [
                 text.strip_special(self.vocab.decode(row[:n].tolist()))
                 for row, n in zip(out.tokens.cpu(), out.lengths.cpu(), strict=True)

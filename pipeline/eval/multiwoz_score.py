@@ -150,7 +150,10 @@ def add_parser(commands: Any) -> None:
     mwz.add_argument("--predictions", required=True, type=Path, help="predictions JSON file")
     mwz.add_argument("--data", required=True, type=Path, help="folder with test.json and db/")
     mwz.add_argument(
-        "--scheme", choices=[s.value for s in Scheme], default=Scheme.STANDARDIZED.value
+        "--scheme",
+        choices=[s.value for s in Scheme],
+        default=Scheme.STANDARDIZED.value,
+        help="which evaluator scores the file (see Schemes above)",
     )
 
 

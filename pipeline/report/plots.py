@@ -27,6 +27,12 @@ from pipeline.names import Task
 from pipeline.report.results import RunResult
 
 DPI = 110
+# What each task validates on (the overview's columns say the same).
+AXIS_LABELS = {
+    Task.GENERATE: "cross-entropy (nats/token)",
+    Task.LM: "cross-entropy (nats/token)",
+    Task.SELECT: "ranking loss (BCE, nats/candidate)",
+}
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -64,7 +70,7 @@ def learning_curves(curves: Sequence[Curve], path: Path) -> Path:
             ax.plot(curve.steps, curve.values, marker="o", markersize=3, label=curve.key)
         ax.set_title(f"{task}: validation loss")
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel("ranking loss" if task is Task.SELECT else "cross-entropy (nats/token)")
+        ax.set_ylabel(AXIS_LABELS.get(task, "validation loss"))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if ax.lines:
@@ -76,8 +82,11 @@ def learning_curves(curves: Sequence[Curve], path: Path) -> Path:
     return _save(fig, path)
 
 
-def metric_bars(runs: Sequence[RunResult], path: Path) -> Path:
-    """Each run's headline metric (mean with 95% interval), a panel per task and corpus."""
+def metric_bars(
+    runs: Sequence[RunResult], path: Path, chance: dict[str, float] | None = None
+) -> Path:
+    """Each run's headline metric (mean with 95% interval), a panel per task and corpus;
+    ``chance[corpus]``: the chance level of the select headline (a dashed line)."""
     groups = list(dict.fromkeys((r.task, r.corpus) for r in runs))
     fig, axes = _grid(max(len(groups), 1), 5.5, 4.0)
     for ax, (task, corpus) in zip(axes, groups, strict=False):
@@ -88,11 +97,17 @@ def metric_bars(runs: Sequence[RunResult], path: Path) -> Path:
         errors = [r.estimate(metric.key).ci95 for r in chosen]  # type: ignore[union-attr]
         errors = [0.0 if math.isnan(e) else e for e in errors]
         x = np.arange(len(chosen))
-        ax.bar(x, means, yerr=errors, capsize=4, color="tab:blue", alpha=0.8)
+        # no interval (one seed): no error bar, not a bar of zero height with caps
+        yerr = errors if any(errors) else None
+        ax.bar(x, means, yerr=yerr, capsize=4, color="tab:blue", alpha=0.8)
         ax.set_xticks(x, [r.label for r in chosen], rotation=35, ha="right", fontsize=8)
         better = "lower" if metric.better.value == "lower" else "higher"
         ax.set_title(f"{corpus} / {task}: {metric.label} ({better} is better)")
         ax.grid(axis="y", alpha=0.3)
+        level = (chance or {}).get(corpus) if task == Task.SELECT else None
+        if level is not None:
+            ax.axhline(level, color="tab:red", ls="--", lw=1, label=f"chance ({level:.2f})")
+            ax.legend(fontsize=7)
         for xi, mean in zip(x, means, strict=True):  # inside the bar: clear of error bars
             ax.text(
                 xi,

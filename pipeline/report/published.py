@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from pipeline.eval.catalogue import Metric
+from pipeline.report.significance import ALPHA, format_p, practical_floor
 from pipeline.report.tables import Cell, Table, table_markdown
 
 
@@ -65,7 +66,10 @@ def _rows(keys: tuple[str, ...], rows: dict[str, tuple[float | None, ...]]) -> d
 
 def _hrt(corpus: str, rows: dict[str, tuple[float | None, ...]]) -> PaperTable:
     """One corpus of the HRT paper's Table 1: (R@10, MRR) of the test half of each cell."""
-    setup = "full training set, 10 sampled candidates per example"
+    setup = (
+        "full training set, trained on 10 candidates per example (9 sampled negatives); "
+        "R@k and MRR over the 100 candidates of each test example (one correct)"
+    )
     return PaperTable("HRT paper, Table 1", corpus, setup, _rows(("recall_at_10", "mrr"), rows))
 
 
@@ -265,14 +269,25 @@ def paper_markdown(table: Table) -> str:
 
 
 class Outcome(enum.StrEnum):
-    """What a paper's comparison came to here: the effect outside both models' 95%
-    intervals over seeds, in the paper's direction (reproduced) or the other (not
-    reproduced); intervals that overlap, or a single seed, settle nothing."""
+    """What a paper's comparison came to here, by the 95% intervals over seeds of the two
+    models (:data:`VERDICT_RULES`); the paired test over test examples never changes it."""
 
-    REPRODUCED = "reproduced at this scale"
+    REPRODUCED = "reproduced"
     NOT_REPRODUCED = "not reproduced"
     INCONCLUSIVE = "inconclusive"
     NO_NUMBER = "no number"
+
+
+VERDICT_RULES = (
+    "**reproduced**: our two models differ in the paper's direction and their 95% intervals "
+    "over seeds are apart; **not reproduced**: apart in the opposite direction; "
+    "**inconclusive**: the intervals overlap, or a model has one seed (no interval over "
+    "training randomness). A verdict is about this run's scale and corpus, never the "
+    "paper's. The paired bootstrap beside a verdict resamples the test examples of these "
+    "trained models only: it says whether the difference holds on this test set and never "
+    "changes the verdict."
+)
+"""The verdict vocabulary, defined once: the report and the results document print it."""
 
 
 @dataclass(frozen=True)
@@ -355,9 +370,10 @@ def _verdict(table: Table, claim: Claim) -> Verdict | None:
 
 def _significance(table: Table, claim: Claim, better: Cell, worse: Cell) -> str:
     """The paired test of the table, where it compared the two (one is the baseline), in
-    the claim's terms: which way the test points, and why it is or is not significant."""
+    the claim's terms: which way the test points and how strongly; the words never repeat
+    a verdict's (``VERDICT_RULES``): this is a statement about the test set."""
     if table.baseline not in (claim.better, claim.worse):
-        return "; not tested: neither is the table's baseline"
+        return "; no paired test: neither is the table's baseline"
     versus_baseline = better if table.baseline == claim.worse else worse
     c = versus_baseline.comparison
     if c is None:
@@ -367,12 +383,19 @@ def _significance(table: Table, claim: Claim, better: Cell, worse: Cell) -> str:
         (c.p_better, c.p_worse) if versus_baseline is better else (c.p_worse, c.p_better)
     )
     way, p = ("the paper's way", p_paper) if p_paper <= p_other else ("the other way", p_other)
-    bootstrap = f"paired bootstrap {way}, p = {p:.3f}"
-    if c.marker:
-        return f"; significant ({bootstrap})"
+    bootstrap = f"test-set bootstrap {way}, {format_p(p)}"
     if c.within_seed_variation:
-        return f"; within the seeds' variation (Welch over seeds p = {c.p_seeds:.3f}; {bootstrap})"
-    return f"; not significant ({bootstrap})"
+        welch = format_p(c.p_seeds)  # type: ignore[arg-type]
+        return f"; within the seeds' variation (Welch over seeds {welch}; {bootstrap})"
+    if p >= ALPHA:
+        return f"; {bootstrap}: no difference on this test set at p < {ALPHA:g}"
+    if c.below_floor:
+        floor = practical_floor(c.metric)
+        return (
+            f"; {bootstrap}, but the difference ({abs(c.difference or 0):.3g}) is under "
+            f"the practical floor ({floor.text() if floor else '-'})"
+        )
+    return f"; {bootstrap}: a difference on this test set"
 
 
 def tables_markdown(tables: list[Table]) -> str:

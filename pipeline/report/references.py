@@ -66,5 +66,10 @@ def chance_references(runs: list[RunResult], n_candidates: dict[str, int]) -> tu
         n = n_candidates[corpus]
         values = {f"recall_at_{k}": min(k, n) / n for k in RECALL_KS}
         values[MRR.key] = sum(1 / r for r in range(1, n + 1)) / n
-        references.append(Reference(CHANCE, corpus, Task.SELECT, values))
+        note = (
+            f"chance: a random ranking of the {n} candidates of each test example (one "
+            f"correct; `tokenize.corpora.{corpus}.select.n_candidates_eval`): R@k = k/{n}, "
+            f"MRR = H_{n}/{n}. Every R@k and MRR of this table is out of {n} candidates."
+        )
+        references.append(Reference(CHANCE, corpus, Task.SELECT, values, note))
     return tuple(references)

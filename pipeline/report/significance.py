@@ -24,6 +24,12 @@ these two trained models differ" (the report's caption says so). With at least t
 on both sides, ``compare`` also scores every seed on its own and runs Welch's t-test on the
 per-seed scores (``p_seeds``); a difference within seed-to-seed variation (``p_seeds >=
 0.05``) gets no marker, however small the bootstrap's p-value.
+
+A p-value says whether a difference is there, not whether it matters: on 300 test examples
+a BLEU of 0.11 against 0.00 can be "significant". A marker therefore also needs the
+difference of the two means to reach the metric's practical floor (:data:`PRACTICAL_FLOORS`,
+printed in the report's caption). Every p-value the report prints goes through
+:func:`format_p`.
 """
 
 from __future__ import annotations
@@ -44,6 +50,59 @@ from pipeline.report.results import RunResult
 ALPHA = 0.05
 BLEU_HIER_PREFIX = "bleu_hier"  # the HT-Encoder paper's scorer, any decoding
 BETTER, WORSE = "▲", "▼"
+P_FLOOR = 0.001  # smaller p-values print as "p < 0.001": the bootstrap resolves no finer
+
+
+@dataclass(frozen=True)
+class Floor:
+    """A practical floor: ``value`` in the metric's units, or, ``relative``, as a fraction
+    of the baseline's value (perplexity spans 2 to 400 across corpora: one point is a lot
+    at 2 and nothing at 400)."""
+
+    name: str
+    value: float
+    relative: bool = False
+
+    def threshold(self, baseline: float) -> float:
+        return self.value * abs(baseline) if self.relative else self.value
+
+    def text(self) -> str:
+        return (
+            f"{self.name} {self.value:.0%} of the baseline"
+            if self.relative
+            else (f"{self.name} {self.value:g}")
+        )
+
+
+PRACTICAL_FLOORS: dict[str, Floor] = {
+    "test_ppl": Floor("perplexity", 0.01, relative=True),
+    "bleu": Floor("BLEU", 1.0),  # points (0-100); every scorer and decoding (bleu_hier_beam5)
+    "recall_at_": Floor("R@k", 0.01),  # a fraction: one percentage point
+    "mrr": Floor("MRR", 0.01),
+}
+"""The smallest difference of two means (run minus baseline) that gets a ▲/▼ marker, by
+metric key prefix (the longest matching prefix wins). A difference below it is left
+unmarked whatever its p-value: too small to matter (BLEU 0.11 vs 0.00, perplexity 167.6
+vs 167.5)."""
+
+
+def practical_floor(metric: str) -> Floor | None:
+    """The practical floor of ``metric`` (:data:`PRACTICAL_FLOORS`); None: no floor."""
+    matches = [p for p in PRACTICAL_FLOORS if metric == p or metric.startswith(p)]
+    return PRACTICAL_FLOORS[max(matches, key=len)] if matches else None
+
+
+def floors_text() -> str:
+    """The floors as the report's caption states them."""
+    return ", ".join(f.text() for f in PRACTICAL_FLOORS.values())
+
+
+def format_p(p: float) -> str:
+    """A p-value as the report prints it everywhere: ``p < 0.001`` below :data:`P_FLOOR`,
+    else ``p = 0.012`` (three decimals)."""
+    if p != p:  # NaN: no test
+        return "p = n/a"
+    return f"p < {P_FLOOR:g}" if p < P_FLOOR else f"p = {p:.3f}"
 
 
 class NotComparable(ValueError):
@@ -60,14 +119,24 @@ class Comparison:
     n_examples: int
     n_samples: int
     p_seeds: float | None = None  # Welch's t over per-seed scores; None: < 2 seeds a side
+    difference: float | None = None  # mean of the run minus the baseline's (metric units)
+    baseline_mean: float | None = None  # the baseline's mean (a relative floor's scale)
 
     @property
     def within_seed_variation(self) -> bool:
         return self.p_seeds is not None and not self.p_seeds < ALPHA
 
     @property
+    def below_floor(self) -> bool:
+        """The difference of the means is under the metric's practical floor."""
+        floor = practical_floor(self.metric)
+        if floor is None or self.difference is None or self.baseline_mean is None:
+            return False
+        return abs(self.difference) < floor.threshold(self.baseline_mean)
+
+    @property
     def marker(self) -> str:
-        if self.within_seed_variation:
+        if self.within_seed_variation or self.below_floor:
             return ""
         if self.p_better < ALPHA:
             return BETTER
@@ -190,7 +259,18 @@ def compare(
     better = paired_bootstrap(score, a, b, n=n_samples, seed=seed)
     worse = paired_bootstrap(score, b, a, n=n_samples, seed=seed)
     p_seeds = seed_test(run, baseline, metric, ids, bleu_tokenize)
-    return Comparison(metric, better.p_value, worse.p_value, len(ids), n_samples, p_seeds)
+    ours, theirs = run.estimate(metric), baseline.estimate(metric)
+    difference = None if ours is None or theirs is None else ours.mean - theirs.mean
+    return Comparison(
+        metric,
+        better.p_value,
+        worse.p_value,
+        len(ids),
+        n_samples,
+        p_seeds,
+        difference,
+        None if theirs is None else theirs.mean,
+    )
 
 
 def seed_scores(

@@ -3,9 +3,9 @@
 
 Where ``reports/report.md`` is the working report of whatever ran, this document is what a
 researcher cites: where and from which code the numbers came, what each run cost, every
-comparison the papers draw with one verdict each (``published.Outcome``: reproduced at
-this scale, not reproduced, or inconclusive), then the tables with the papers' rows and
-the figures (copied into a folder beside the document, so the two are committed
+comparison the papers draw with one verdict each (``published.Outcome``: reproduced,
+not reproduced, or inconclusive, by ``published.VERDICT_RULES``), then the tables with
+the papers' rows and the figures (copied into a folder beside the document, so the two are committed
 together). Nothing in it is edited by hand: rerun the report stage.
 """
 
@@ -19,9 +19,16 @@ from pathlib import Path
 from pipeline.artifacts import SEEDS_FILE, WALL_SECONDS, EvalRecord, Layout, read_train
 from pipeline.config import Params
 from pipeline.machine import code_version
-from pipeline.report.published import Outcome, Verdict, tables_markdown, verdicts
+from pipeline.report.overview import format_count, markdown_table
+from pipeline.report.published import (
+    VERDICT_RULES,
+    Outcome,
+    Verdict,
+    tables_markdown,
+    verdicts,
+)
 from pipeline.report.results import RunResult
-from pipeline.report.tables import Table, format_count, markdown_table
+from pipeline.report.tables import Table
 
 
 def figures_folder(document: Path) -> Path:
@@ -130,10 +137,7 @@ def studymarkdown_table(
         "## Verdicts",
         "",
         f"Each comparison a paper draws, where this study trained both models "
-        f"({'/'.join(map(str, seeds))} seeds each): **reproduced at this scale** when the "
-        "two models' 95% intervals over seeds are apart in the paper's direction, **not "
-        "reproduced** when apart the other way, **inconclusive** when they overlap. The "
-        "paired bootstrap over test examples (seeds pooled) is given beside it. "
+        f"({'/'.join(map(str, seeds))} seeds each). {VERDICT_RULES} "
         f"In all: {_tally(found) or 'no comparison'}.",
         "",
         _verdict_table(found),

@@ -1,10 +1,13 @@
 """Paper-shaped result tables: models as rows, metrics as columns, mean ± 95% CI over seeds,
 and a paired-bootstrap marker against the paper's baseline (▲ significantly better,
-▼ significantly worse, p < 0.05; see ``significance``).
+▼ significantly worse, p < 0.05, and a difference at least the metric's practical floor;
+see ``significance``).
 
 One ``TableSpec`` per paper table; ``build_tables`` makes one table per spec and corpus
-that has at least one of its models, with the columns some row has. Every run also
-appears in the ``overview`` table (model, corpus, parameters, headline metric).
+that has at least one of its models, with the columns some row has. A table carries its
+paper's title only where the comparison it stands for can be made here (its baseline and
+at least one more of its models ran on the corpus); otherwise its neutral topic. Every run
+also appears in the ``overview`` table (``overview``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from pipeline.eval.catalogue import (
     COMBINED,
     DISTINCT_2,
     ENTITY_F1,
-    HEADLINE,
     INFORM,
     INFORM_STD,
     MRR,
@@ -39,8 +41,9 @@ from pipeline.eval.catalogue import (
 )
 from pipeline.eval.text import DEFAULT_TOKENIZE, bleu_signature
 from pipeline.names import Task
+from pipeline.report.overview import VALID_CE_LABEL, markdown_table
 from pipeline.report.results import Estimate, RunResult
-from pipeline.report.significance import Comparison, NotComparable, compare, is_tested
+from pipeline.report.significance import Comparison, NotComparable, compare, format_p, is_tested
 
 
 def tested(metric: Metric) -> bool:
@@ -65,8 +68,16 @@ class TableSpec:
         return (self.topic or self.title) if own_corpus else self.title
 
 
+# Generate runs' validation and test loss are token cross-entropies: their unit in the
+# column (the catalogue's labels are shared with select runs, whose loss is a ranking loss).
+VALID_CE = replace(VALID_LOSS, label=VALID_CE_LABEL)
+TEST_CE = replace(TEST_LOSS, label="Test CE (nats/token)")
+P_VALUE_KEYS = frozenset({PEARSON_P.key})  # columns holding p-values: printed by format_p
+
 CHATEVAL_TITLE = "U-Net Transformer, Tables 4-5: ChatEval metrics ({decoding})"
-CHATEVAL_METRICS = CHATEVAL
+# ChatEval's columns with their units where a bare number would not say it.
+_UNITS = {"avg_length": "Avg len (words)", "embedding_skipped": "Emb skipped (pairs)"}
+CHATEVAL_METRICS = tuple(replace(m, label=_UNITS.get(m.key, m.label)) for m in CHATEVAL)
 UNET_BASELINES = ("s2sa", "hred", "vhred", "vhcr", "transformer", "adj_transformer")
 UNET_MODELS = (*UNET_BASELINES, "unet_linear", "unet_per_layer_att", "unet")
 HIER_MODELS = ("hred", "transformer", "set", "mat", "hier")
@@ -81,7 +92,7 @@ SPECS = (
         "U-Net Transformer, Tables 1-2: validation cross-entropy and test perplexity",
         Task.GENERATE,
         UNET_MODELS,
-        (VALID_LOSS, TEST_PPL, TEST_PPL_ELBO),
+        (VALID_CE, TEST_PPL, TEST_PPL_ELBO),
         "transformer",
         topic="Validation loss and test perplexity",
     ),
@@ -105,7 +116,7 @@ SPECS = (
         "U-Net Transformer, Table 7: Pearson correlation of history length and test loss",
         Task.GENERATE,
         None,
-        (PEARSON_R, PEARSON_P),
+        (PEARSON_R, replace(PEARSON_P, label="p (of r)")),
         "transformer",
         topic="Pearson correlation of history length and test loss",
     ),
@@ -117,7 +128,7 @@ SPECS = (
         HIER_MODELS,
         MULTIWOZ_METRICS,
         "transformer",
-        topic="HT-Encoder family: BLEU and perplexity",
+        topic="HT-Encoder family: BLEU, task success and perplexity",
     ),
     TableSpec(
         "HT-Encoder (HIER), Table 3: context-to-response with oracle dialogue acts",
@@ -125,7 +136,7 @@ SPECS = (
         HIER_ORACLE_ACT_MODELS,
         MULTIWOZ_METRICS,
         "hier_pp",
-        topic="HT-Encoder family with dialogue acts: BLEU and perplexity",
+        topic="HT-Encoder family with dialogue acts: BLEU, task success and perplexity",
     ),
     TableSpec(
         "HT-Encoder (HIER), Table 5: end-to-end (belief state and acts predicted)",
@@ -133,7 +144,7 @@ SPECS = (
         ("hier_joint",),
         MULTIWOZ_METRICS,
         "hier_joint",
-        topic="HIER-Joint: BLEU and perplexity",
+        topic="HIER-Joint: BLEU, task success and perplexity",
     ),
     TableSpec(
         "Highway Recurrent Transformer, Table 1: response selection",
@@ -147,7 +158,7 @@ SPECS = (
         "Hierarchical GPT, Tables 1-5: language-model perplexity",
         Task.LM,
         None,
-        (TEST_LOSS, TEST_PPL),
+        (TEST_CE, TEST_PPL),
         "gpt",
         topic="Language-model perplexity",
     ),
@@ -163,6 +174,8 @@ class Cell:
         if self.estimate is None or math.isnan(self.estimate.mean):
             return "-"
         marker = self.comparison.marker if self.comparison is not None else ""
+        if metric.key in P_VALUE_KEYS and math.isnan(self.estimate.ci95):  # "< 0.001"
+            return format_p(self.estimate.mean).removeprefix("p ").removeprefix("= ")
         return f"{self.estimate.format(metric.digits)} {marker}".rstrip()
 
 
@@ -172,6 +185,7 @@ class Row:
     model: str
     cells: tuple[Cell, ...]
     variant: str | None = None  # a further run of the same model (a sweep's row)
+    flags: tuple[str, ...] = ()  # names of the run's diagnostics about this table's numbers
 
     @property
     def label(self) -> str:
@@ -217,6 +231,29 @@ def _ordered(spec: TableSpec, runs: list[RunResult]) -> list[RunResult]:
     return sorted(runs, key=lambda r: spec.models.index(r.model))  # type: ignore[union-attr]
 
 
+def bleu_note(bleu_tokenize: str, lowercase: bool | None) -> str:
+    """What the BLEU of a table is: sacrebleu's corpus BLEU, case-sensitive (its signature
+    says ``case:mixed``) on the text as the corpus vocabulary decodes it; ``lowercase``:
+    whether that vocabulary lowercased the corpus (None: not known)."""
+    case = {
+        True: "the vocabulary lowercased the corpus (`vocab.lowercase: true`), so both "
+        "sides are lowercase",
+        False: "the vocabulary kept the corpus' case (`vocab.lowercase: false`)",
+        None: "on the text as the vocabulary decodes it",
+    }[lowercase]
+    return (
+        f"BLEU: sacrebleu corpus BLEU (0-100), case-sensitive on word-tokenised text; {case}. "
+        f"Signature `{bleu_signature(bleu_tokenize)}`."
+    )
+
+
+def paper_title(spec: TableSpec, chosen: list[RunResult]) -> bool:
+    """Whether a table of ``chosen`` may carry its paper's title: the comparison the paper
+    table makes needs its baseline and at least one more of its models."""
+    has_baseline = any(r.model == spec.baseline and r.variant is None for r in chosen)
+    return has_baseline and len(chosen) >= 2
+
+
 def build_table(
     spec: TableSpec,
     corpus: str,
@@ -226,10 +263,13 @@ def build_table(
     bleu_tokenize: str = DEFAULT_TOKENIZE,
     references: tuple[Reference, ...] = (),
     own: bool = False,
+    lowercase: bool | None = None,
 ) -> Table | None:
     """``spec`` for the runs on ``corpus`` (None if none of its models ran there), with
     the ``references`` of its corpus and task as last rows. ``own``: a corpus of one's own,
-    which no paper reported on: the table gets its topic as title, and no paper rows."""
+    which no paper reported on, or a table without the runs its paper's comparison needs
+    (:func:`paper_title`): the table gets its topic as title, and no paper rows.
+    ``lowercase``: whether the corpus' vocabulary lowercases (the BLEU note says so)."""
     chosen = [
         r
         for r in runs
@@ -244,13 +284,11 @@ def build_table(
     if not columns:
         return None
     baseline = next((r for r in chosen if r.model == spec.baseline and r.variant is None), None)
-    baseline_name = spec.baseline if baseline is not None else None
+    # a table of one run compares nothing: no row is called its baseline
+    baseline_name = spec.baseline if baseline is not None and len(chosen) > 1 else None
     notes: list[str] = []
     if any(m.key.startswith("bleu") and m.key != BLEU_HIER.key for m in columns):
-        notes.append(
-            f"BLEU: sacrebleu corpus BLEU on lowercased word-tokenised text, signature "
-            f"`{bleu_signature(bleu_tokenize)}`."
-        )
+        notes.append(bleu_note(bleu_tokenize, lowercase))
     if n_samples == 0:
         baseline = None  # evaluate.bootstrap_samples: 0 turns the tests off
         notes.append("No significance tests (evaluate.bootstrap_samples is 0).")
@@ -279,7 +317,7 @@ def build_table(
             rows.append(row)
             notes += [reference.note] if reference.note else []
     return Table(
-        spec.title_on(own),
+        spec.title_on(own or not paper_title(spec, chosen)),
         corpus,
         baseline_name,
         columns,
@@ -332,6 +370,8 @@ def multiwoz_decode_specs(runs: list[RunResult]) -> tuple[TableSpec, ...]:
         replace(
             spec,
             title=f"{spec.title} (decoding {suffix.lstrip('_')})",
+            topic=f"{spec.topic.split(':')[0]}: BLEU and task success "
+            f"(decoding {suffix.lstrip('_')})",
             metrics=tuple(m.decoded(suffix) for m in decoded),
             decoding=suffix,
         )
@@ -348,9 +388,11 @@ def build_tables(
     bleu_tokenize: dict[str, str] | None = None,
     references: tuple[Reference, ...] = (),
     own_corpora: frozenset[str] = frozenset(),
+    lowercase: dict[str, bool] | None = None,
 ) -> list[Table]:
     """Every paper table that has runs, per corpus (corpora in order of first run).
-    ``bleu_tokenize`` maps a corpus to its sacrebleu tokenizer (default ``13a``);
+    ``bleu_tokenize`` maps a corpus to its sacrebleu tokenizer (default ``13a``),
+    ``lowercase`` to whether its vocabulary lowercases;
     ``references`` are appended to the tables of their corpus and task; the corpora of
     ``own_corpora`` (declared in params) get tables of their own (``build_table``)."""
     corpora = list(dict.fromkeys(r.corpus for r in runs))
@@ -366,89 +408,24 @@ def build_tables(
         tokenize = (bleu_tokenize or {}).get(corpus, DEFAULT_TOKENIZE)
         for spec in specs:
             own = corpus in own_corpora
-            table = build_table(spec, corpus, runs, n_samples, seed, tokenize, references, own)
+            case = (lowercase or {}).get(corpus)
+            table = build_table(
+                spec, corpus, runs, n_samples, seed, tokenize, references, own, case
+            )
             if table is not None:
                 tables.append(table)
     return tables
-
-
-def format_count(n: int) -> str:
-    """``1234567`` -> ``1.23M``."""
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(n)
-
-
-@dataclass(frozen=True)
-class OverviewRow:
-    key: str
-    model: str
-    corpus: str
-    task: Task
-    tuned: bool
-    n_parameters: int
-    seeds: int
-    steps: int | None
-    valid_loss: Estimate | None
-    headline: Metric
-    value: Estimate | None
-
-
-def overview(runs: list[RunResult]) -> list[OverviewRow]:
-    """One row per trained run: what a researcher reads first."""
-    rows = []
-    for run in runs:
-        headline = HEADLINE[run.task]
-        steps = [t.metric("steps") for t in run.trained if t.metrics.get("steps") is not None]
-        rows.append(
-            OverviewRow(
-                run.key,
-                run.label,
-                run.corpus,
-                run.task,
-                run.tuned,
-                run.n_parameters,
-                len(run.seeds),
-                int(max(steps)) if steps else None,
-                run.estimate(VALID_LOSS.key),
-                headline,
-                run.estimate(headline.key),
-            )
-        )
-    return rows
-
-
-def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines)
-
-
-def overview_markdown(rows: list[OverviewRow]) -> str:
-    header = ["Run", "Model", "Corpus", "Task", "Params", "Seeds", "Steps", "Valid CE", "Headline"]
-    body = [
-        [
-            r.key,
-            r.model + (" (tuned)" if r.tuned else ""),
-            r.corpus,
-            r.task,
-            format_count(r.n_parameters),
-            str(r.seeds),
-            "-" if r.steps is None else str(r.steps),
-            "-" if r.valid_loss is None else r.valid_loss.format(3),
-            "-" if r.value is None else f"{r.headline.label} {r.value.format(r.headline.digits)}",
-        ]
-        for r in rows
-    ]
-    return markdown_table(header, body)
 
 
 def table_markdown(table: Table) -> str:
     """The table as GitHub markdown, then its notes."""
     header = ["Model", *[m.label for m in table.columns]]
     body = [
-        [row.label + (" (baseline)" if row.label == table.baseline else "")]
+        [
+            row.label
+            + (" (baseline)" if row.label == table.baseline else "")
+            + "".join(f" **[{flag}]**" for flag in row.flags)
+        ]
         + [cell.format(metric) for cell, metric in zip(row.cells, table.columns, strict=True)]
         for row in table.rows
     ]
@@ -480,6 +457,7 @@ def table_json(table: Table) -> dict[str, object]:
                 "run": r.key,
                 "model": r.model,
                 "variant": r.variant,
+                "flags": list(r.flags),
                 **{m.key: cell(c) for m, c in zip(table.columns, r.cells, strict=True)},
             }
             for r in table.rows

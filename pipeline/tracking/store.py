@@ -1,7 +1,8 @@
 """Where MLflow records live, and reading them: URIs, experiments, run lookup.
 
 - Where: ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<project>/mlflow.db`` (artifacts beside
-  it in ``mlartifacts/``). One experiment per task and corpus: ``hiertx/<task>/<corpus>``.
+  it in ``mlartifacts/``). One experiment per task and corpus: ``hiertx-<task>-<corpus>``
+  (``pipeline.tracking.describe``: names, tags and descriptions as the UI shows them).
   A relative sqlite URI (``sqlite:///mlflow.db``) means the project's folder, whatever the
   working directory: the workspace for a DVC experiment run in a temporary copy
   (``dvc exp run --temp``, queued experiments), so its runs outlive the copy. Manifests
@@ -48,6 +49,7 @@ TAG_INPUT = "hiertx.input"  # + ".<path>": the dvc.lock md5 of an input
 TAG_TRIAL = "hiertx.trial_id"  # on a Tune trial's child run
 TAG_FALLBACK_RUN = "hiertx.fallback_run_id"  # on a server run: where it went on (its twin)
 TAG_CHANGED_PARAM = "hiertx.changed_param"  # + ".<key>": a resumed run's new value of a param
+CURVES = "curves"  # the chart section of the training loop's metrics (describe.py)
 
 SQLITE = "sqlite:///"
 DVC_ROOT_ENV = "DVC_ROOT"  # set by DVC for stage commands: the workspace, even in a temp copy
@@ -121,10 +123,6 @@ def portable_uri(uri: str, root: str | Path) -> str:
     except ValueError:
         return uri
     return f"{SQLITE}{relative.as_posix()}{sep}{query}"
-
-
-def experiment_name(task: str, corpus: str, prefix: str = "hiertx") -> str:
-    return f"{prefix}/{task}/{corpus}"
 
 
 def registered_model_name(model: str, corpus: str, variant: str | None = None) -> str:
@@ -221,19 +219,33 @@ def artifact_location(uri: str) -> str | None:
     return None
 
 
-def experiment_id(client: Any, name: str) -> str:
+def experiment_id(
+    client: Any, name: str, tags: Mapping[str, str] | None = None, formerly: str | None = None
+) -> str:
+    """The id of experiment ``name``, created with ``tags`` if the store lacks it; an
+    existing one gets those of ``tags`` it lacks (a store made before the pipeline set
+    them), never a new value for one it has (a description edited in the UI stays). A store
+    holding the experiment under its former name ``formerly`` renames it."""
+    tags = dict(tags or {})
     found = client.get_experiment_by_name(name)
-    if found is not None:
-        return str(found.experiment_id)
-    location = artifact_location(client.tracking_uri)
-    try:
-        return str(client.create_experiment(name, artifact_location=location))
-    except Exception:
-        # another process created it in between
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise
-        return str(found.experiment_id)
+    if found is None and formerly is not None:
+        old = client.get_experiment_by_name(formerly)
+        if old is not None and old.lifecycle_stage == "active":
+            client.rename_experiment(old.experiment_id, name)
+            found = client.get_experiment(old.experiment_id)
+    if found is None:
+        location = artifact_location(client.tracking_uri)
+        try:
+            return str(client.create_experiment(name, artifact_location=location, tags=tags))
+        except Exception:
+            # another process created it in between
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    for key, value in tags.items():
+        if key not in found.tags:
+            client.set_experiment_tag(found.experiment_id, key, value)
+    return str(found.experiment_id)
 
 
 def find_run(client: Any, experiment_id: str, tag: str, value: str) -> Any | None:
@@ -299,13 +311,15 @@ def follow_move(uri: str) -> list[str]:
 # --------------------------------------------------------------------------- reading
 
 
-def report_experiment_name(prefix: str = "hiertx") -> str:
-    """The experiment holding the report stage's runs (tables and plots as artifacts)."""
-    return f"{prefix}/report"
-
-
-def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+def metric_history(
+    uri: str, run_id: str, key: str, section: str = CURVES
+) -> list[tuple[int, float]]:
     """Every ``(step, value)`` logged for metric ``key`` of a run, in step order (empty if
-    the run never logged it)."""
-    history = mlflow_client(uri).get_metric_history(run_id, key)
+    the run never logged it). ``key`` as the training loop names it: the run holds it in
+    its chart section ``section`` (``curves/valid_loss``), or, logged
+    before there were sections, as ``key`` itself."""
+    client = mlflow_client(uri)
+    history = client.get_metric_history(run_id, f"{section}/{key}") if section else []
+    if not history:
+        history = client.get_metric_history(run_id, key)
     return sorted((int(m.step), float(m.value)) for m in history)

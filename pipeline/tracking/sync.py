@@ -4,9 +4,10 @@ local fallback store to the server.
 When the tracking server cannot be reached, training goes on in the local fallback store
 ``runs/mlflow-fallback`` (:mod:`pipeline.tracking`). :func:`sync_store` copies every ended
 run of that store into the configured store (``$MLFLOW_TRACKING_URI``, or ``--to``), into
-the experiment of the same name: params, every metric's whole step history (values, steps
-and timestamps), tags, artifacts, the models logged by the run with their registered
-versions, start and end time and status. Parents are copied before their children (Tune
+the experiment of the same name (with the kind and description it lacks): params, every
+metric's whole step history (values, steps and timestamps), tags, artifacts, the models
+logged by the run with their registered versions (and the registered models'
+descriptions), start and end time and status. Parents are copied before their children (Tune
 trials), whose parent tag then names the parent's copy.
 
 Idempotent: a copy carries the tag ``hiertx.synced_from`` = the source run's id. Syncing
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import ConfigError
-from pipeline.tracking import store
+from pipeline.tracking import describe, store
 
 COMMAND = "sync-mlflow"
 TAG_SYNCED_FROM = "hiertx.synced_from"  # on a copy (run, logged model, model version)
@@ -51,6 +52,7 @@ class SyncReport:
     in_sync: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # still RUNNING (or their children)
     notes: list[str] = field(default_factory=list)  # what could not be carried over
+    experiments: dict[str, str] = field(default_factory=dict)  # name -> id in the target
 
     def summary(self) -> str:
         return (
@@ -74,7 +76,9 @@ def sync_store(source: str, target: str) -> SyncReport:
         runs = list(_runs(src, experiment.experiment_id))
         if not runs:
             continue
-        dst_exp = store.experiment_id(dst, experiment.name)
+        # its kind and description too (a target experiment keeps the ones it has)
+        dst_exp = store.experiment_id(dst, experiment.name, experiment.tags)
+        report.experiments[experiment.name] = dst_exp
         copies: dict[str, str] = {}  # source run id -> copy's id
         for run in _parents_first(runs):
             run_id = run.info.run_id
@@ -247,7 +251,7 @@ def _sync_models(
         copies[model.model_id], changed = _sync_model(src, dst, model, copy_id, dst_exp)
         changes += changed
     for version in src.search_model_versions(f"run_id = '{run_id}'"):
-        changes += _sync_version(dst, version, copy_id, copies, report)
+        changes += _sync_version(src, dst, version, copy_id, copies, report)
     return changes
 
 
@@ -290,7 +294,7 @@ def _sync_model(src: Any, dst: Any, model: Any, copy_id: str, dst_exp: str) -> t
 
 
 def _sync_version(
-    dst: Any, version: Any, copy_id: str, models: dict[str, str], report: SyncReport
+    src: Any, dst: Any, version: Any, copy_id: str, models: dict[str, str], report: SyncReport
 ) -> int:
     origin = f"{version.name}/{version.version}"
     existing = dst.search_model_versions(f"run_id = '{copy_id}'")
@@ -306,8 +310,9 @@ def _sync_version(
         return 0
     try:
         dst.get_registered_model(version.name)
-    except Exception:
-        dst.create_registered_model(version.name)
+    except Exception:  # new on the target: with its description from the source
+        source = src.get_registered_model(version.name)
+        dst.create_registered_model(version.name, tags=source.tags, description=source.description)
     dst.create_model_version(
         version.name,
         source=f"models:/{model_id}",
@@ -381,4 +386,7 @@ def run_command(args: argparse.Namespace) -> int:
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"{COMMAND}: {source} -> {target}: {report.summary()}")
+    if target.startswith(("http://", "https://")):
+        for name, exp_id in sorted(report.experiments.items()):
+            print(f"  {name}: {describe.ui_url(target, exp_id)}")
     return 0

@@ -21,6 +21,7 @@ training.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import threading
 import time
@@ -30,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.tracking import describe
 from pipeline.tracking.store import (
+    CURVES,
     TAG_CHANGED_PARAM,
     TAG_FALLBACK_RUN,
     TAG_ORIGIN,
@@ -62,6 +65,7 @@ class RunRef:
     experiment: str
     run_name: str
     fallback_uri: str
+    section: str = ""  # the chart section its metrics go to (describe.section_key)
 
     def attach(self) -> Tracker:
         return Tracker(self)
@@ -70,23 +74,47 @@ class RunRef:
 Op = Callable[[Any, str], Any]  # (MlflowClient, run_id) -> result
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a run goes: its experiment, that experiment's tags (kind, description) and the
+    name a store may still hold it under (renamed on first use)."""
+
+    experiment: str
+    tags: Mapping[str, str]
+    formerly: str | None = None
+
+    def id_in(self, client: Any) -> str:
+        return experiment_id(client, self.experiment, self.tags, self.formerly)
+
+
 def _open_run(
     client: Any,
-    experiment: str,
+    place: Place,
     run_name: str,
     tags: Mapping[str, str],
     resume_key: str | None,
     reuse: Reuse,
 ) -> str:
     """The run tagged ``resume_key`` (reopened) if ``reuse`` allows it, else a new run."""
-    exp_id = experiment_id(client, experiment)
+    exp_id = place.id_in(client)
     if resume_key is not None and reuse != "never":
         found = find_run(client, exp_id, TAG_RUN_KEY, resume_key)
         if found is not None and (reuse == "any" or found.info.status != "FINISHED"):
             client.update_run(found.info.run_id, status="RUNNING")
-            _tag_op(tags)(client, found.info.run_id)  # e.g. the commit that goes on with it
+            # e.g. the commit that goes on with it; a description edited in the UI stays
+            kept = {describe.NOTE} & set(found.data.tags)
+            _tag_op({k: v for k, v in tags.items() if k not in kept})(client, found.info.run_id)
             return str(found.info.run_id)
     return str(client.create_run(exp_id, run_name=run_name, tags=dict(tags)).info.run_id)
+
+
+def _inherited(client: Any, parent_run_id: str | None) -> dict[str, str]:
+    """What a child run (a Tune trial) takes from its parent: the source tags (the DVC stage
+    and commit that made the search)."""
+    if parent_run_id is None:
+        return {}
+    parent = client.get_run(parent_run_id).data.tags
+    return {k: parent[k] for k in describe.SOURCE_TAGS if k in parent}
 
 
 def _stand_in(client: Any, fallback: str, experiment: str, key: str) -> tuple[str, str | None]:
@@ -148,9 +176,16 @@ class Tracker:
 
     recording = True
 
-    def __init__(self, ref: RunRef, tags: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, ref: RunRef, tags: Mapping[str, str] | None = None, place: Place | None = None
+    ) -> None:
         self.ref = ref
         self.tags = dict(tags or {})
+        # where a fallback run goes (a process attached by RunRef knows only the name)
+        self.place = place or Place(
+            ref.experiment,
+            describe.experiment_tags(describe.describe_experiment(ref.experiment, self.tags)),
+        )
         self.journal: list[Op] = []
         self.fell_back = False
         self.origin: RunRef | None = None  # after a fallback: the server run left behind
@@ -167,24 +202,47 @@ class Tracker:
         parent_run_id: str | None = None,
         resume_key: str | None = None,
         reuse: Reuse = "unfinished",
+        description: str | None = None,
+        source: str | None = None,
+        experiment_description: str | None = None,
+        former_experiment: str | None = None,
     ) -> Tracker:
         """A run in ``experiment``, tagged ``resume_key``; ``reuse`` says when an earlier run
         with that key goes on instead of a new one: ``"unfinished"`` (not FINISHED),
         ``"any"`` (a training resuming from its checkpoint, even a finished one: its history
-        is in that run; where a fallback run holds it, that one goes on) or ``"never"``."""
+        is in that run; where a fallback run holds it, that one goes on) or ``"never"``.
+
+        What the MLflow UI shows (``pipeline.tracking.describe``): the run's ``description``
+        and ``source`` (the DVC stage that made it; a child run takes its parent's), the
+        experiment's kind and ``experiment_description`` (defaults from the hiertx tags);
+        a store holding the experiment as ``former_experiment`` renames it."""
         configure_env()
+        given = dict(tags or {})
         tags = {
-            **(tags or {}),
+            **describe.run_tags(given, run_name, source, description),
             **({TAG_PARENT: parent_run_id} if parent_run_id else {}),
             **({TAG_RUN_KEY: resume_key} if resume_key else {}),
         }
+        place = Place(
+            experiment,
+            describe.experiment_tags(
+                experiment_description or describe.describe_experiment(experiment, tags)
+            ),
+            former_experiment,
+        )
         tracker: Tracker | None = None
         try:
             client = mlflow_client(uri)
+            if parent_run_id is not None and source is None:
+                # one read per child run: its parent's source, unless its caller named one
+                inherited = _inherited(client, parent_run_id)
+                tags.update({k: v for k, v in inherited.items() if k not in given})
             if reuse == "any" and resume_key is not None:
                 run_id, origin = _stand_in(client, fallback, experiment, resume_key)
                 if run_id:
-                    tracker = cls(RunRef(fallback, run_id, experiment, run_name, fallback), tags)
+                    tracker = cls(
+                        RunRef(fallback, run_id, experiment, run_name, fallback), tags, place
+                    )
                     local = mlflow_client(fallback)
                     local.update_run(run_id, status="RUNNING")
                     _tag_op(tags)(local, run_id)
@@ -194,15 +252,13 @@ class Tracker:
             if tracker is None:
                 with waiting_notice(uri):
                     run_id = _patiently(
-                        lambda: _open_run(client, experiment, run_name, tags, resume_key, reuse)
+                        lambda: _open_run(client, place, run_name, tags, resume_key, reuse)
                     )
-                tracker = cls(RunRef(uri, run_id, experiment, run_name, fallback), tags)
+                tracker = cls(RunRef(uri, run_id, experiment, run_name, fallback), tags, place)
         except Exception as err:
             _warn(uri, err)
-            run_id = _open_run(
-                mlflow_client(fallback), experiment, run_name, tags, resume_key, reuse
-            )
-            tracker = cls(RunRef(fallback, run_id, experiment, run_name, fallback), tags)
+            run_id = _open_run(mlflow_client(fallback), place, run_name, tags, resume_key, reuse)
+            tracker = cls(RunRef(fallback, run_id, experiment, run_name, fallback), tags, place)
             tracker.fell_back = True
         # journaled (already applied): a later fallback run gets the creation tags too
         tracker.journal.append(_tag_op(tags))
@@ -215,8 +271,9 @@ class Tracker:
     @property
     def sink(self) -> Callable[[], Tracker]:
         """What a training job logs its metrics through (picklable: Ray ships it to the
-        workers, where rank 0 attaches to this run)."""
-        return self.ref.attach
+        workers, where rank 0 attaches to this run): into the chart section ``curves``,
+        which the MLflow UI shows first (``describe``)."""
+        return dataclasses.replace(self.ref, section=CURVES).attach
 
     # ----------------------------------------------------------------- core
 
@@ -234,7 +291,7 @@ class Tracker:
 
     def _fall_back(self) -> None:
         client = mlflow_client(self.ref.fallback_uri)
-        exp_id = experiment_id(client, self.ref.experiment)
+        exp_id = self.place.id_in(client)
         found = find_run(client, exp_id, TAG_ORIGIN, self.ref.run_id)
         if found is not None:
             run_id = str(found.info.run_id)
@@ -244,13 +301,7 @@ class Tracker:
                 client.create_run(exp_id, run_name=self.ref.run_name, tags=tags).info.run_id
             )
         self.origin = self.ref
-        self.ref = RunRef(
-            self.ref.fallback_uri,
-            run_id,
-            self.ref.experiment,
-            self.ref.run_name,
-            self.ref.fallback_uri,
-        )
+        self.ref = dataclasses.replace(self.ref, uri=self.ref.fallback_uri, run_id=run_id)
         self.fell_back = True
         self._last_result = None
         for op in self.journal:
@@ -287,7 +338,11 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        section = self.ref.section
+        items = [
+            Metric(describe.section_key(k, section), float(v), now, step)
+            for k, v in metrics.items()
+        ]
         self._do(lambda c, r: c.log_batch(r, metrics=items))
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:

@@ -160,7 +160,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
             run_name=f"trial-{trial_id}",
             tags={**setup.tags, TAG_TRIAL: trial_id},
             parent_run_id=p.run_id,
-            resume_key=f"{p.run_name}-{trial_id}",
+            resume_key=f"{plan.name}-{trial_id}",  # the full identity, as the parent's
         )
         tracker.log_params({"sampled": config, "train": params.model_dump(mode="json")})
     try:

@@ -1,10 +1,17 @@
 """A training's (or a search's) MLflow run: opened with the tags that find it again, and,
 at the end, the final metrics, the vocabulary, the exported weights, sample generations
-and the pyfunc model registered as a new version of ``hiertx-<run key>``."""
+and the pyfunc model registered as a new version of ``hiertx-<run key>``.
+
+What the MLflow UI shows of it: a short run name that tells the runs of one experiment
+apart in the runs table (:func:`display_name`; the full identity is the tag
+``hiertx.run_key``), a one-line description of the run, of its experiment and of its
+registered model, and the DVC stage that made it as its source."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -81,10 +88,49 @@ def start_tracker(plan: RunPlan, resumes: bool) -> Tracker:
         tracking.tracking_uri(root),
         tracking.fallback_uri(root),
         tracking.experiment_name(plan.task.value, plan.corpus, prefix),
-        run_name=plan.name,
+        run_name=display_name(plan),
         tags=tags,
         resume_key=plan.name,
         reuse="any" if resumes else "never",
+        description=describe_run(plan),
+        source=plan.dvc_stage,
+        experiment_description=tracking.describe_task(plan.task.value, plan.corpus),
+        former_experiment=tracking.former_experiment_name(plan.task.value, plan.corpus, prefix),
+    )
+
+
+def display_name(plan: RunPlan) -> str:
+    """The run's name in the MLflow runs table, which shows about 22 characters of it:
+    ``<model>[-<variant>][ search| tuned][ #<seed index>] <digest>``, the digest the first
+    5 characters of the identity's (``hiertx.run_key`` holds it whole)."""
+    kind = " search" if plan.stage == "tune" else " tuned" if plan.tuned_from else ""
+    seed = f" #{plan.seed_index}" if plan.stage == "train" and plan.knobs.seeds > 1 else ""
+    variant = f"-{plan.variant}" if plan.variant else ""
+    return f"{plan.model}{variant}{kind}{seed} {plan.identity().digest[:5]}"
+
+
+def describe_run(plan: RunPlan) -> str:
+    """The run's description: what trains on what, with which seed and key settings."""
+    k = plan.knobs
+    steps = f"{k.epochs} epochs" + (
+        f" of {k.max_batches_per_epoch} batches" if k.max_batches_per_epoch else ""
+    )
+    if k.max_steps:
+        steps += f", at most {k.max_steps} steps"
+    what = f"{plan.model} on {plan.corpus} ({plan.task.value})"
+    settings = f"{steps}, batch {k.batch_size}, {k.optimizer.kind} lr {k.optimizer.lr:g}"
+    if plan.stage == "tune":
+        return f"Tune search over {what}: its trials are the child runs; {settings} each."
+    seeds = f"seed {k.seed}" + (f" ({plan.seed_index + 1} of {k.seeds})" if k.seeds > 1 else "")
+    tuned = f"; settings of the search {plan.tuned_from.search}" if plan.tuned_from else ""
+    return f"Training of {what}, {seeds}: {settings}{tuned}. `dvc repro {plan.dvc_stage}`."
+
+
+def describe_model(plan: RunPlan) -> str:
+    """A registered model's description: what it serves, and where its versions come from."""
+    return (
+        f"{plan.model} trained on {plan.corpus} for the task {plan.task.value}, as an MLflow "
+        f"pyfunc (README, Serving); a version per training run of `dvc repro {plan.dvc_stage}`."
     )
 
 
@@ -117,6 +163,21 @@ def sample_generations(model_file: Path, plan: RunPlan) -> str:
     return "\n".join(lines)
 
 
+def _describe_version(
+    name: str, version: str, description: str, plan: RunPlan
+) -> Callable[[Any, str], None]:
+    """Describe the registered model ``name`` and its new ``version`` (serving registers
+    them without a description)."""
+
+    def op(client: Any, run_id: str) -> None:
+        client.update_registered_model(name, description=description)
+        client.update_model_version(
+            name, version, description=f"{describe_run(plan)} MLflow run {run_id}."
+        )
+
+    return op
+
+
 def track_final(
     plan: RunPlan, tracker: tracking.Tracker, model_file: Path, result: FitResult
 ) -> MlflowRef:
@@ -144,6 +205,8 @@ def track_final(
                 spec=spec,
             )
         )
+        if name is not None and version is not None:
+            tracker.call(_describe_version(name, str(version), describe_model(plan), plan))
     return MlflowRef(
         tracking_uri=tracking.portable_uri(tracker.ref.uri, plan.root),
         experiment=tracker.ref.experiment,

@@ -27,7 +27,7 @@ from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, generate
 from pipeline.eval import text
 from pipeline.eval.collect import aggregate
-from pipeline.eval.generation import decode_label
+from pipeline.eval.generation import batch_seed, decode_label
 from pipeline.eval.ranking import first_correct_ranks
 from pipeline.eval.stage import EvalSettings, evaluate_run
 from pipeline.models.saved import load_model
@@ -228,6 +228,31 @@ def test_generate_metrics_match_direct_computation(project):
     assert samples.count("\n## ") == 2 and samples.count("- history: ") == 2
     assert f"## {rows[1].id}\n" in samples and f"## {rows[2].id}\n" not in samples
     assert EvalRecord.read(out / SEEDS_FILE).seeds[0].metrics == pytest.approx(metrics, nan_ok=True)
+
+
+@pytest.mark.slow  # trains three tiny models once (module fixture)
+def test_each_test_batch_samples_with_its_own_seed(project):
+    """A sampled decoding draws batch i with ``batch_seed(seed, i)``: batches do not repeat
+    one another's random draws, and the run repeats exactly."""
+    nucleus = {"strategy": "nucleus", "top_p": 0.9, "temperature": 0.7, "seed": 5}
+    raw = project_params(decodes=[{"strategy": "greedy"}, nucleus], batch_size=4)
+    evaluate_run(settings(raw), "transformer", "chitchat", project)
+    rows = read_rows(project, KEY)
+    test = open_split(project / "data" / "shards" / "chitchat", "generate", "test")
+    vocab = load_vocab(project / "data" / "shards" / "chitchat")
+    (seed,) = read_train(Layout(project), KEY).seeds
+    model = load_model(project / seed.checkpoint)
+    seeds = [batch_seed(5, i) for i in range(3)]
+    assert len(set(seeds)) == 3 and seeds == [batch_seed(5, i) for i in range(3)]
+    for i, seed_of_batch in enumerate(seeds):
+        config = DecodeConfig(**{**nucleus, "seed": seed_of_batch}, max_length=10)
+        out = generate(model, test.collate([test[j] for j in range(4 * i, 4 * i + 4)]), config)
+        drawn = [
+            text.strip_special(vocab.decode(t[:n].tolist()))
+            for t, n in zip(out.tokens, out.lengths, strict=True)
+        ]
+        label = decode_label("_topp0.9")
+        assert [r.hypotheses[label] for r in rows[4 * i : 4 * i + 4]] == drawn
 
 
 @pytest.mark.slow  # trains three tiny models once (module fixture)

@@ -104,7 +104,7 @@ def training_intervals(tracking_uri: str) -> list[tuple[float, float]]:
     experiments = [e.experiment_id for e in client.search_experiments()]
     intervals = []
     for found in client.search_runs(experiments, max_results=1000):
-        history = client.get_metric_history(found.info.run_id, "train_loss")
+        history = client.get_metric_history(found.info.run_id, "curves/train_loss")
         if history:
             stamps = [m.timestamp / 1000 for m in history]
             intervals.append((min(stamps), max(stamps)))

@@ -61,7 +61,13 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     assert "#### U-Net Transformer, Tables 1-2" in text and "50 samples" in text
     # how every number was computed, the BLEU signature of the corpus included
     assert "## Metric conventions" in text
-    assert "chitchat: `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+    assert "chitchat: BLEU: sacrebleu corpus BLEU (0-100), case-sensitive" in text
+    assert "Signature `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
+    # the validation losses by their unit; the degenerate responses named
+    assert "| Valid CE (nats/token) | Valid ranking loss (BCE, nats/candidate) |" in text
+    assert '`transformer-chitchat`: greedy decoding collapsed: "hi there" is 100%' in text
+    # the samples: the reference and each model's response
+    assert "## Samples" in text and "| unet | hi there |" in text
     assert "MultiWOZ" not in text.split("## Results")[0]  # no task-oriented corpus here
     # the paper's rows under the U-Net table, with its corpora
     assert "In the paper (U-Net paper, Table 2; PersonaChat" in text
@@ -77,6 +83,10 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
             ["20", "4.5", "transformer-chitchat"],
             ["30", "4.25", "transformer-chitchat"],
         ]
+    # the rankers' loss has a file (and a y label) of its own: no select run here
+    assert (root / "plots" / "valid_ranking_loss.csv").read_text().split() == [
+        "step,valid_ranking_loss,run"
+    ]
     assert (out / "tables.json").is_file()
 
     # the same tables and figures are in MLflow

@@ -27,8 +27,11 @@ def test_paper_rows_and_the_comparison_verdict(runs):  # noqa: F811
     assert (
         "unet < transformer on Test PPL: paper 46.87 vs 48.30 (Cornell Movie-Dialogs); "
         "36.86 vs 39.06 (PersonaChat). Ours 7.39 vs 20.09 ± 0.50: **inconclusive** (one seed, "
-        "no interval; the same way); significant (paired bootstrap the paper's way, p = 0.000)."
+        "no interval; the same way); test-set bootstrap the paper's way, p < 0.001: a "
+        "difference on this test set."
     ) in text
+    # one vocabulary: the test's words never read as a verdict
+    assert "significant" not in text
 
 
 def _with_estimates(table: Table, values: dict[str, tuple[float, float]]) -> Table:
@@ -109,22 +112,33 @@ def test_hier_tables_of_the_authors_beam_carry_the_papers_rows_and_verdicts(tmp_
 
 
 @pytest.mark.parametrize(
-    ("p_seeds", "expected"),
+    ("p_seeds", "p_worse", "difference", "expected"),
     [
-        (0.001, "; significant (paired bootstrap the other way, p = 0.010)"),
-        (
-            0.3,
-            "; within the seeds' variation (Welch over seeds p = 0.300; "
-            "paired bootstrap the other way, p = 0.010)",
-        ),
+        (0.001, 0.01, None,
+         "; test-set bootstrap the other way, p = 0.010: a difference on this test set"),
+        (0.3, 0.01, None,
+         "; within the seeds' variation (Welch over seeds p = 0.300; "
+         "test-set bootstrap the other way, p = 0.010)"),
+        (None, 0.0004, 0.1,
+         "; test-set bootstrap the other way, p < 0.001, but the difference (0.1) is under "
+         "the practical floor (perplexity 1% of the baseline)"),
+        (None, 0.2, 5.0,
+         "; test-set bootstrap the other way, p = 0.200: no difference on this test set at "
+         "p < 0.05"),
     ],
-)
-def test_the_paired_test_is_stated_in_the_claims_direction(runs, p_seeds, expected):  # noqa: F811
+)  # fmt: skip
+def test_the_paired_test_is_stated_in_the_claims_direction(
+    runs,  # noqa: F811
+    p_seeds,
+    p_worse,
+    difference,
+    expected,
+):
     # unet is claimed better; the bootstrap says the baseline (transformer) beats it
     table = by_title(build_tables(runs, n_samples=50), "Tables 1-2")
     column = next(i for i, m in enumerate(table.columns) if m.key == "test_ppl")
-    against = Comparison("test_ppl", p_better=0.9, p_worse=0.01, n_examples=6, n_samples=50,
-                         p_seeds=p_seeds)  # fmt: skip
+    against = Comparison("test_ppl", p_better=0.9, p_worse=p_worse, n_examples=6, n_samples=50,
+                         p_seeds=p_seeds, difference=difference, baseline_mean=20.0)  # fmt: skip
     rows = []
     for row in table.rows:
         cells = list(row.cells)

@@ -221,3 +221,53 @@ def test_seed_scores_and_consistent_seeds_keep_the_marker():
 def test_one_seed_has_no_seed_test():
     one = run_of(rows_of(np.array([[5.0, 6.0]]), np.array([[2, 2]])))
     assert compare(one, one, "test_ppl", n_samples=10).p_seeds is None
+
+
+@pytest.mark.parametrize(
+    ("p", "printed"),
+    [(0.0004, "p < 0.001"), (0.0, "p < 0.001"), (0.0123, "p = 0.012"), (0.001, "p = 0.001"),
+     (0.45, "p = 0.450"), (1.0, "p = 1.000")],
+)  # fmt: skip
+def test_every_p_value_prints_one_way(p, printed):
+    from pipeline.report.significance import format_p
+
+    assert format_p(p) == printed
+
+
+def _nll_rows(nll: float, n: int = 40) -> list[dict]:
+    return rows_of(np.full((1, n), nll), np.full((1, n), 10))
+
+
+@pytest.mark.parametrize(
+    ("metric", "ours", "theirs", "marked"),
+    [
+        ("bleu", 0.11, 0.0, False),  # significant, but a tenth of a BLEU point
+        ("bleu", 2.0, 0.5, True),
+        ("bleu_hier_hierbeam5", 0.5, 0.0, False),  # every BLEU scorer and decoding
+        ("test_ppl", 167.5, 167.6, False),  # 0.06% of the baseline
+        ("test_ppl", 2.01, 2.46, True),  # 18%: a small perplexity, a large difference
+        ("recall_at_10", 0.105, 0.1, False),
+        ("mrr", 0.2, 0.1, True),
+    ],
+)
+def test_no_marker_under_the_practical_floor(metric, ours, theirs, marked):
+    from pipeline.report.significance import Comparison
+
+    # both bootstrap directions decisive: only the floor can withhold the marker
+    c = Comparison(metric, 0.0, 1.0, 40, 100, difference=ours - theirs, baseline_mean=theirs)
+    assert c.below_floor is not marked
+    assert c.marker == (BETTER if marked else "")
+
+
+def test_compare_measures_the_difference_against_the_floor():
+    """``compare`` takes the two means from metrics.json: a perplexity difference of 0.2%
+    gets no marker, however certain the bootstrap is."""
+    import dataclasses
+
+    a = dataclasses.replace(run_of(_nll_rows(50.0)), metrics={"test_ppl": 149.7})
+    b = dataclasses.replace(run_of(_nll_rows(50.1), "b-chitchat"), metrics={"test_ppl": 150.0})
+    result = compare(a, b, "test_ppl", n_samples=50)
+    assert result.p_better == 0.0 and result.difference == pytest.approx(-0.3)
+    assert result.below_floor and result.marker == ""
+    far = dataclasses.replace(a, metrics={"test_ppl": 140.0})
+    assert compare(far, b, "test_ppl", n_samples=50).marker == BETTER

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.report.overview import overview, overview_markdown
 from pipeline.report.results import load_results
-from pipeline.report.tables import (
-    Reference,
-    build_tables,
-    overview,
-    overview_markdown,
-    table_markdown,
-)
+from pipeline.report.tables import Reference, build_tables, table_markdown
 from tests.report.conftest import lm_rows, params_for, write_run
 
 
@@ -80,11 +75,14 @@ def test_paper_tables_with_markers(runs):
     assert [m.key for m in chateval.columns] == ["distinct_1"]  # only columns some run has
     assert chateval.rows[1].cells[0].format(chateval.columns[0]) == "-"
 
-    hier = by_title(tables, "HIER")
-    bleu = hier.rows[0].cells[0]  # only transformer is a HIER-table model here
+    # only transformer is a HIER-table model here: no comparison of the HIER paper, so
+    # the table has its plain heading, not the paper's
+    hier = by_title(tables, "HT-Encoder family: BLEU, task success and perplexity")
+    assert not any(t.title.startswith("HT-Encoder (HIER)") for t in tables)
+    bleu = hier.rows[0].cells[0]
     assert [r.model for r in hier.rows] == ["transformer"] and bleu.comparison is None
     # the BLEU convention is printed with every table that has BLEU, and only there
-    assert any("signature `nrefs:1|case:mixed|eff:no|tok:13a" in n for n in hier.notes)
+    assert any("Signature `nrefs:1|case:mixed|eff:no|tok:13a" in n for n in hier.notes)
     assert not any("sacrebleu" in n for n in unet.notes)
 
     select = by_title(tables, "Highway")
@@ -93,15 +91,19 @@ def test_paper_tables_with_markers(runs):
     tie = select.rows[1].cells[0].comparison
     assert (tie.p_better, tie.p_worse) == (1.0, 1.0)  # identical ranks: no marker
 
-    lm = by_title(tables, "Hierarchical GPT")
-    assert lm.baseline == "gpt" and lm.rows[0].cells[-1].format(lm.columns[-1]) == "2.46"
+    # gpt alone: no paper comparison, and no row called a baseline
+    lm = by_title(tables, "Language-model perplexity")
+    assert lm.baseline is None and "(baseline)" not in table_markdown(lm)
+    assert lm.rows[0].model == "gpt" and lm.rows[0].cells[-1].format(lm.columns[-1]) == "2.46"
     # every run appears in some paper table
     assert {r.key for t in tables for r in t.rows} == {r.key for r in runs}
 
 
 def test_missing_baseline_is_said(runs):
     tables = build_tables([r for r in runs if r.model != "transformer"], n_samples=20)
-    unet = by_title(tables, "Tables 1-2")
+    # without its baseline the table is no U-Net paper comparison: a plain heading
+    unet = by_title(tables, "Validation loss and test perplexity")
+    assert not any("Tables 1-2" in t.title for t in tables)
     assert unet.baseline is None and "baseline transformer was not trained" in unet.notes[0]
     assert all(c.comparison is None for c in unet.rows[0].cells)
 
@@ -122,7 +124,7 @@ def test_references_end_their_corpus_and_task_tables(runs):
         "400.00",
     ]
     assert "never shown" not in unet.notes
-    lm = by_title(tables, "Hierarchical GPT")  # another task: no generate reference
+    lm = by_title(tables, "Language-model perplexity")  # another task: no generate reference
     assert "unigram" not in [r.model for r in lm.rows]
     chateval = by_title(tables, "ChatEval")  # no perplexity column: no reference row
     assert "unigram" not in [r.model for r in chateval.rows]
@@ -137,10 +139,9 @@ def test_each_further_decoding_gets_its_chateval_table(tmp_path):
     )
     runs = load_results(params_for(["transformer"]), tmp_path)
     titles = [t.title for t in build_tables(runs, n_samples=0)]
-    greedy = titles.index("U-Net Transformer, Tables 4-5: ChatEval metrics (greedy decoding)")
-    assert (
-        titles[greedy + 1] == "U-Net Transformer, Tables 4-5: ChatEval metrics (decoding topp0.9)"
-    )
+    # one model compares nothing: plain headings, never the paper's
+    greedy = titles.index("ChatEval metrics (greedy decoding)")
+    assert titles[greedy + 1] == "ChatEval metrics (decoding topp0.9)"
     nucleus = by_title(build_tables(runs, n_samples=0), "decoding topp0.9")
     assert [m.key for m in nucleus.columns] == ["distinct_2_topp0.9"]
     assert nucleus.rows[0].cells[0].format(nucleus.columns[0]) == "0.0600 ± 0.0100"

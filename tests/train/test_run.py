@@ -93,7 +93,7 @@ def test_train_stage_end_to_end_with_mlflow_and_pyfunc(project, monkeypatch):
     assert "cores" in record.machine and "torch " in record.machine
     mf = seed.mlflow
     assert mf.model_version == "1" and mf.registered_model == "hiertx-transformer-chitchat"
-    assert not mf.fallback and mf.experiment == "hiertx/generate/chitchat"
+    assert not mf.fallback and mf.experiment == "hiertx-generate-chitchat"
     # the export is the checkpoint's kept weights, with what rebuilds them
     state = TrainingState.read(project / seed.run_checkpoint)
     model = load_model(out / MODEL_FILE)
@@ -109,7 +109,7 @@ def test_train_stage_end_to_end_with_mlflow_and_pyfunc(project, monkeypatch):
     assert run.data.params["identity.data"] == plan.data
     assert run.data.tags["hiertx.model"] == "transformer" and "hiertx.git_commit" in run.data.tags
     assert run.data.tags["hiertx.run_key"] == plan.name
-    assert len(client.get_metric_history(run.info.run_id, "valid_loss")) == 2
+    assert len(client.get_metric_history(run.info.run_id, "curves/valid_loss")) == 2
     artifacts = {
         a.path
         for folder in ("tokenizer", "checkpoint", "samples")
@@ -264,7 +264,7 @@ def test_a_diverging_run_exports_nothing_and_fails_its_mlflow_run(own, monkeypat
     assert all(torch.isfinite(v).all() for v in state.model.values())
     client = mlflow.tracking.MlflowClient(uri)
     (run,) = client.search_runs(
-        [client.get_experiment_by_name("hiertx/generate/chitchat").experiment_id]
+        [client.get_experiment_by_name("hiertx-generate-chitchat").experiment_id]
     )
     assert run.info.status == "FAILED" and run.data.tags["hiertx.run_key"] == plan.name
 

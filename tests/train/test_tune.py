@@ -132,7 +132,7 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
     assert (best.model, best.corpus) == ("transformer", "chitchat")
 
     client = mlflow.tracking.MlflowClient(uri)
-    exp = client.get_experiment_by_name("hiertx/generate/chitchat")
+    exp = client.get_experiment_by_name("hiertx-generate-chitchat")
     runs = client.search_runs([exp.experiment_id])
     parent = [r for r in runs if r.info.run_id == best.parent_run_id]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == best.parent_run_id]
@@ -142,7 +142,7 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
     assert [c.info.status for c in children] == ["FINISHED"] * 3
     assert parent[0].data.metrics["best_valid_loss"] == pytest.approx(best.valid_loss)
     losses = [
-        min(m.value for m in client.get_metric_history(c.info.run_id, "valid_loss"))
+        min(m.value for m in client.get_metric_history(c.info.run_id, "curves/valid_loss"))
         for c in children
     ]
     assert min(losses) == pytest.approx(best.valid_loss)
