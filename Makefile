@@ -13,9 +13,11 @@ export MLFLOW_DISABLE_TELEMETRY := true
 .PHONY: setup repro compare test lint bench
 
 # torch first: its CPU wheel is pinned; a looser resolve would pull several GB of CUDA wheels.
+# An existing venv is kept (a change to pyproject.toml re-installs into it): `venv` run over
+# a venv made by another python3 rewrites its pyvenv.cfg and breaks it. `rm -r .venv` starts over.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "hiertx needs Python >= 3.11"'
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev]"

@@ -122,14 +122,16 @@ def measure_once(jobs: int, workers: int, steps: int, scratch: Path) -> dict[str
 
 
 def _stepping_seconds(tracking_uri: str) -> float:
-    """Seconds between each MLflow run's first and last ``train_loss``, summed."""
+    """Seconds between each MLflow run's first and last ``curves/train_loss`` (the training
+    loop's), summed."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     ids = [e.experiment_id for e in client.search_experiments()]
     total = 0.0
     for found in client.search_runs(ids, max_results=1000):
-        stamps = [m.timestamp for m in client.get_metric_history(found.info.run_id, "train_loss")]
+        history = client.get_metric_history(found.info.run_id, "curves/train_loss")
+        stamps = [m.timestamp for m in history]
         if stamps:
             total += (max(stamps) - min(stamps)) / 1000
     return total

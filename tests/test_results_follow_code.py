@@ -153,7 +153,9 @@ def test_a_diverging_run_fails_its_stage(tmp_path: Path) -> None:
     assert not (root / MODEL).exists()
     assert not (root / "metrics" / "transformer-chitchat.json").exists()
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    (experiment,) = [e for e in client.search_experiments() if e.name.endswith("/chitchat")]
+    (experiment,) = [
+        e for e in client.search_experiments() if e.name.endswith("-generate-chitchat")
+    ]
     runs = client.search_runs([experiment.experiment_id])
     assert runs and all(r.info.status == "FAILED" for r in runs)
     assert not client.search_registered_models()

@@ -72,7 +72,7 @@ def test_server_shows_run_metrics_and_registered_model(
     assert params["train.optimizer.lr"] == "0.003"
     history = call(
         mlflow_server,
-        f"/api/2.0/mlflow/metrics/get-history?run_id={mf.run_id}&metric_key=valid_loss",
+        f"/api/2.0/mlflow/metrics/get-history?run_id={mf.run_id}&metric_key=curves/valid_loss",
     )["metrics"]
     assert len(history) == 2
     best = min(m["value"] for m in history)
