@@ -26,7 +26,9 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # params.yaml is checked first: a mistake DVC would report in its own words (a run key in
-# both train.runs and tune.runs: "Use dvc remove") gets the project's explanation.
+# both train.runs and tune.runs: "Use dvc remove", a key written twice) gets the project's
+# explanation, and a file DVC's parser would take minutes over (over 1 MB, aliases adding
+# more than 100,000 values: pipeline/config/params_file.py) stops make in seconds.
 repro: setup  ## the main job: dvc repro on the embedded chitchat corpus (JOBS=4: 4 stages at a time)
 	$(IN_VENV) $(BIN)/python -m stages.check --out .dvc/tmp/check
 ifeq ($(JOBS),1)

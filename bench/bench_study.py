@@ -27,6 +27,7 @@ if __package__ in (None, ""):
 import torch
 
 from bench.common import interleaved, parser, setup, table
+from pipeline.artifacts import Layout
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.shards import read_manifest
 from pipeline.models import registry
@@ -77,7 +78,9 @@ class Candidate:
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--params", type=Path, default=Path("profiles/study.yaml"))
-    p.add_argument("--data", type=Path, default=Path("data/shards"), help="tokenized corpora")
+    p.add_argument(
+        "--data", type=Path, default=Layout(Path(".")).shards_dir, help="tokenized corpora"
+    )
     p.add_argument("--runs", nargs="*", default=None, help="only these run keys")
     args = p.parse_args(argv)
     env = setup(args)

@@ -35,7 +35,6 @@ The worker counts run one after another (a Ray start each), not interleaved.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from torch import Tensor, nn
 
 from bench.common import (
     DTYPES,
+    MetricStamps,
     Samples,
     autocast,
     interleaved,
@@ -61,7 +61,7 @@ from bench.common import (
     table,
     timing_cells,
 )
-from pipeline.data.batch import GenerateBatch
+from pipeline.data.batch import Batch, GenerateBatch
 from pipeline.models import registry
 from pipeline.models.base import count_parameters, token_loss
 from pipeline.models.layers import SinusoidalPositions, causal_mask
@@ -218,13 +218,18 @@ def step_flops(model: nn.Module, loss_fn: Callable[[GenerateBatch], Tensor], bat
 
 def train_step(
     model: nn.Module,
-    loss_fn: Callable[[GenerateBatch], Tensor],
-    batch: GenerateBatch,
+    loss_fn: Callable[[Batch], Tensor],
+    batch: Batch,
     args,
     dtype: str | None = None,
+    optimizer_cls: type[torch.optim.Optimizer] = torch.optim.Adam,
 ) -> Callable[[], None]:
-    """One optimizer step on ``batch`` (autocast to ``dtype``, default ``args.dtype``)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98))
+    """One optimizer step on ``batch`` (autocast to ``dtype``, default ``args.dtype``).
+
+    ``optimizer_cls`` (Adam or AdamW, lr 1e-4, betas 0.9/0.98) runs fused on CUDA, one kernel
+    for every parameter; elsewhere torch's default implementation."""
+    fused = True if torch.device(args.device).type == "cuda" else None
+    optimizer = optimizer_cls(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=fused)
     model.train()
     dtype = dtype or args.dtype
 
@@ -237,24 +242,6 @@ def train_step(
         optimizer.step()
 
     return step
-
-
-@dataclass(frozen=True)
-class StepStamps:
-    """A loop metric sink (built on rank 0 by ``TrainJob.sink``) that appends the step
-    number and the time to ``path``, one JSON line per logged step."""
-
-    path: str
-    recording = True  # ``MetricSink``: the loop computes and logs the training metrics
-
-    def __call__(self) -> StepStamps:
-        return self
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        if "train_loss" in metrics:  # a training step's log, not an evaluation's
-            with open(self.path, "a") as f:
-                stamp = {"step": step, "time": time.perf_counter()}
-                f.write(json.dumps({**stamp, "threads": torch.get_num_threads()}) + "\n")
 
 
 def ray_step_times(args, s: Sizes, workers: int, scratch: Path) -> tuple[list[float], int]:
@@ -291,7 +278,7 @@ def ray_step_times(args, s: Sizes, workers: int, scratch: Path) -> tuple[list[fl
         log_every=1,
         precision="fp32",
     )
-    stamps = scratch / f"steps-{workers}.jsonl"
+    stamps = MetricStamps(str(scratch / f"steps-{workers}.jsonl"))
     storage = str(scratch / f"runs-{workers}")  # the run's checkpoints (Ray's storage)
     job = TrainJob(
         name=f"bench-scaling-{workers}",
@@ -302,12 +289,12 @@ def ray_step_times(args, s: Sizes, workers: int, scratch: Path) -> tuple[list[fl
         ),
         params=params,
         run_dir=storage,
-        sink=StepStamps(str(stamps)),
+        sink=stamps,
         show_progress=False,
     )
     placement = PlacementParams(use_gpu=False, cpus_per_worker=1)
     fit(job, workers, placement, storage)
-    lines = [json.loads(line) for line in stamps.read_text().splitlines()]
+    lines = [line for line in stamps.read() if "train_loss" in line]  # steps, not evals
     times = [line["time"] for line in lines]
     return [b - a for a, b in itertools.pairwise(times)][args.warmup :], lines[0]["threads"]
 

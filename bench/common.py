@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -101,11 +102,39 @@ def command_line() -> str:
     """How this process was started (``python -m module`` when run as a module), with the
     thread-count variables that change timings."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    head = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
+    # A package run with -m (``bench.gpu_check``) runs its ``__main__`` submodule.
+    module = spec.name.removesuffix(".__main__") if spec is not None else None
+    head = ["python", "-m", module] if module is not None else ["python", sys.argv[0]]
     env = [
         f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ
     ]
     return " ".join([*env, *head, *map(shlex.quote, sys.argv[1:])])
+
+
+@dataclass(frozen=True)
+class MetricStamps:
+    """A training loop's metric sink (built on rank 0 by ``TrainJob.sink``) that appends
+    every logged metrics dict to ``path`` as one JSON line, with the step, the time
+    (``time.monotonic``: one clock for every process of the machine) and the thread count.
+    Training steps' lines carry ``train_loss``; evaluations' carry ``valid_loss``."""
+
+    path: str
+    recording = True  # ``MetricSink``: the loop computes and logs the training metrics
+
+    def __call__(self) -> MetricStamps:
+        return self
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        stamp = {"step": step, "time": time.monotonic(), "threads": torch.get_num_threads()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps({**metrics, **stamp}) + "\n")
+
+    def read(self) -> list[dict[str, float]]:
+        """The lines written so far (none if the file does not exist yet)."""
+        path = Path(self.path)
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def synchronize(device: torch.device | str) -> None:

@@ -13,14 +13,17 @@ file (``score``).
 A run's model is the pyfunc registered in MLflow (the version its train manifest names),
 or its local checkpoint when MLflow has none (or with ``--local``). ``chat`` first prints a
 banner on stderr (the model and where it came from, the decoding, how to quit), then reads
-user lines from stdin, keeps the dialogue history and prints one response per line on
-stdout (greedy by default), so ``chat < lines.txt > replies.txt`` keeps replies only;
-``/reset`` starts a new dialogue and ``/quit`` (or Ctrl-D, Ctrl-C) ends. A response that is
-empty (the model ended it at once) prints as ``(empty reply)``. Sampling
+user lines from stdin, keeps the dialogue history and prints one line on stdout per line
+read (greedy by default), so ``chat < lines.txt > replies.txt`` keeps replies only, line
+for line: the model's response, or an empty line for a blank line (nothing said: not sent
+to the model, the history unchanged) and for ``/reset`` (starts a new dialogue); ``/quit``
+(or Ctrl-D, Ctrl-C) ends. A response that is empty (the model ended it at once) prints as
+``(empty reply)``. Sampling
 (``--top-p``/``--top-k``) draws each turn's seed from one generator seeded once with
 ``--seed``: every turn samples afresh, and the same ``--seed`` and inputs repeat the whole
 conversation. ``rank`` prints the candidates best first, each after its score (the model's
-logit: higher is better; ``rank --help`` says more).
+logit: higher is better; ``rank --help`` says more); an empty candidate is refused, from
+``--candidates`` as from ``--input`` (and by the served model), as it cannot be scored.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from pipeline.tracking import store, sync
 RESET = "/reset"
 QUIT = "/quit"
 EMPTY_REPLY = "(empty reply)"  # what chat prints for a response with no tokens
+REQUEST = '{"context": [strings], "candidates": [strings]}'  # what rank --input reads
 SAMPLING = ("nucleus", "top_k")
 RANK_SCORES = (
     "Each score is the model's logit for the candidate: higher is better, and only the "
@@ -237,12 +241,11 @@ def chat(args: argparse.Namespace) -> int:
         if not line:
             return 0
         line = line.strip()
-        if not line:
-            continue
         if line == QUIT:
             return 0
-        if line == RESET:
-            history = []
+        if not line or line == RESET:  # a line out all the same: replies line up with input
+            history = [] if line == RESET else history
+            print(flush=True)
             continue
         history.append(line)
         turn = {**params, "seed": next(seeds)} if params.get("strategy") in SAMPLING else params
@@ -251,33 +254,59 @@ def chat(args: argparse.Namespace) -> int:
         print(response if response.strip() else EMPTY_REPLY, flush=True)
 
 
-def _split(value: str) -> list[str]:
-    return [part.strip() for part in value.split("|") if part.strip()]
+def _read_request(path: Path) -> tuple[list[str], list[str]]:
+    """The context and candidates of ``rank --input``'s JSON file (see ``REQUEST``)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(path, "file not found") from None
+    except OSError as err:
+        raise DataError(path, f"cannot read it ({err.strerror}); expected a JSON file") from None
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataError(
+            path,
+            f"not a text file (byte {data[err.start]:#04x} at offset {err.start} is not "
+            f"UTF-8); expected a JSON file {REQUEST}",
+        ) from None
+    except json.JSONDecodeError as err:
+        raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
+    context, candidates = (
+        (raw.get("context", []), raw.get("candidates")) if isinstance(raw, dict) else (None, None)
+    )
+    for texts in (context, candidates):
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise DataError(path, f"expected {REQUEST}")
+    return context, candidates
 
 
 def rank_inputs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """``rank``'s context and candidates, from ``--input`` or the ``|``-separated flags."""
+    """``rank``'s context and candidates, from ``--input`` or the ``|``-separated flags;
+    candidates that cannot be scored (``serving.candidates_problem``) are refused, naming
+    the file or the flag."""
+    from pipeline.serving import candidates_problem
+
     if args.input:
         path = Path(args.input)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise DataError(path, "file not found") from None
-        except json.JSONDecodeError as err:
-            raise DataError(path, f"invalid JSON ({err.msg})", line=err.lineno) from None
-        if not isinstance(raw, dict) or not isinstance(raw.get("candidates"), list):
-            raise DataError(path, 'expected {"context": [...], "candidates": [...]}')
-        return [str(c) for c in raw.get("context", [])], [str(c) for c in raw["candidates"]]
-    if not args.candidates:
+        context, candidates = _read_request(path)
+        problem = candidates_problem(candidates)
+        if problem is not None:
+            raise DataError(path, problem)
+        return context, candidates
+    if args.candidates is None:
         raise ConfigError("--candidates", 'give candidates ("x|y|z") or --input FILE.json')
-    return _split(args.context or ""), _split(args.candidates)
+    candidates = [part.strip() for part in args.candidates.split("|")]
+    problem = candidates_problem(candidates)
+    if problem is not None:
+        raise ConfigError("--candidates", problem)
+    context = [part.strip() for part in args.context.split("|") if part.strip()]
+    return context, candidates
 
 
 def rank(args: argparse.Namespace) -> int:
     """Run ``rank``: ``<score>\\t<candidate>`` lines, best first (see ``RANK_SCORES``)."""
     context, candidates = rank_inputs(args)
-    if not candidates:
-        raise ConfigError("--candidates", "no candidates to rank")
     model = load(args)
     if _task(model) != "select":
         raise ConfigError("--run", f"rank needs a select model; this one is {_task(model)}")
@@ -287,17 +316,22 @@ def rank(args: argparse.Namespace) -> int:
     return 0
 
 
-CHAT_HELP = """Chat with a generate model: one reply (stdout) per line you type (stdin).
+CHAT_HELP = f"""Chat with a generate model: one reply (stdout) per line you type (stdin).
 
 A banner on stderr names the model, the decoding and how to quit; stdout carries replies
-only, one per line, so `chat < lines.txt > replies.txt` works. /reset starts a new
-dialogue; /quit, Ctrl-D (end of input) or Ctrl-C ends. Greedy decoding unless --beam,
---top-p or --top-k is given."""
+only, one line per line read, so `chat < lines.txt > replies.txt` lines up line for line.
+A blank line is not sent to the model and gets an empty line; so does /reset, which
+starts a new dialogue; a reply the model ends at once prints as {EMPTY_REPLY}. /quit,
+Ctrl-D (end of input) or Ctrl-C ends. Greedy decoding unless --beam, --top-p or --top-k
+is given."""
 
 RANK_HELP = f"""Rank candidate responses to a context with a select model.
 
 Prints one line per candidate, best first: the score, a tab, the candidate.
-{textwrap.fill(RANK_SCORES, 88)}"""
+{textwrap.fill(RANK_SCORES, 88)}
+
+An empty candidate (no words) cannot be scored: it is refused, from --candidates ("a||b")
+as from --input, and by the served model."""
 
 
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
@@ -371,10 +405,8 @@ def parser() -> argparse.ArgumentParser:
     rank_args.add_argument(
         "--context", default="", help='the dialogue so far, oldest first: "a|b|c" (default: none)'
     )
-    rank_args.add_argument("--candidates", default="", help='the candidates to rank: "x|y|z"')
-    rank_args.add_argument(
-        "--input", help='JSON file {"context": [..], "candidates": [..]} instead of the flags'
-    )
+    rank_args.add_argument("--candidates", help='the candidates to rank: "x|y|z"')
+    rank_args.add_argument("--input", help=f"JSON file {REQUEST} instead of the flags")
     compare.add_parser(commands)
     sync.add_parser(commands)
     # its module docstring's first line alone stops mid-sentence: the whole story

@@ -11,9 +11,14 @@ Input: a pandas DataFrame or a list of dicts (one per row) with columns ``histor
 with the decoding params of ``generate`` models and their defaults) and an input example,
 which the MLflow UI shows and ``mlflow models serve`` checks requests against (its types and
 columns; unknown params are dropped there). A request the model cannot answer (a param out
-of range, an unknown strategy, an empty or missing column) raises :class:`RequestError`:
-served, an HTTP 400 whose JSON ``message`` is one line naming the field, the bad value and
-the valid values.
+of range, an unknown strategy, a missing column, no candidates or an empty one, a document
+without a word) raises :class:`RequestError`: served, an HTTP 400 whose JSON ``message`` is
+one line naming the field, the bad value and the valid values.
+
+Texts become batches through the data layer's own functions, the ones tokenize and the
+loader use (``data.examples.request_dialogue``, the example builders, ``data.loader``'s
+collate): a model is served its input exactly as it was trained on it (``tests/
+test_serving.py`` compares the two, tensor for tensor, for every task).
 
 The pyfunc carries no pickled torch model: its artifacts are the final checkpoint (loaded
 with ``weights_only=True``), the vocabulary and a small spec; the model is rebuilt through
@@ -34,18 +39,18 @@ from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
-import numpy as np
 import pandas as pd
 import torch
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
-from pipeline.config import CorpusParams, DecodeStrategy, GenerateParams
-from pipeline.data.batch import GenerateBatch, History, LMBatch, SelectBatch
-from pipeline.data.history import text_histories
-from pipeline.data.loader import collate_history
-from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
+from pipeline.config import CorpusParams, DecodeStrategy, GenerateParams, LMParams, SelectParams
+from pipeline.data.batch import GenerateBatch, LMBatch, SelectBatch
+from pipeline.data.encoding import EncodedDialogue, encode_dialogues
+from pipeline.data.examples import build_lm, build_prompts, build_select, request_dialogue
+from pipeline.data.loader import collate_generate, collate_lm, collate_select
+from pipeline.data.splits import Split
 from pipeline.data.vocab import Vocab
 from pipeline.eval.perplexity import perplexity_of
 from pipeline.models.saved import load_model
@@ -107,57 +112,50 @@ class RequestError(MlflowException, ValueError):
 # --------------------------------------------------------------------------- text -> batch
 
 
-def _utterance(vocab: Vocab, text: str, limit: int) -> list[int]:
-    return [BOS_ID, *vocab.encode(text)[: max(limit - 2, 1)], EOS_ID]
+def candidates_problem(candidates: Sequence[str]) -> str | None:
+    """Why a request's candidates cannot be scored, in one line (None: they can): there
+    are none, or one has no words (empty or only spaces: its score would be the model's
+    reading of ``<bos> <eos>``, and which text it stood for is lost). ``rank`` applies the
+    same rule to ``--candidates`` and ``--input``."""
+    if not candidates:
+        return "no candidates; valid: 1 or more strings with words"
+    for k, text in enumerate(candidates):
+        if not text.strip():
+            return (
+                f"candidates[{k}] is empty ({text!r}): an empty candidate cannot be scored; "
+                "give it words or leave it out"
+            )
+    return None
 
 
-def _sentence_words(max_sentence: int | None) -> int | None:
-    """Words kept of a sentence of at most ``max_sentence`` tokens with its ``<eos>``."""
-    return None if max_sentence is None else max_sentence - 1
+def _encoded(
+    rows: Sequence[Sequence[str]], vocab: Vocab, candidates: Sequence[Sequence[str]] | None = None
+) -> list[EncodedDialogue]:
+    """Each row (a history or a document) as a dialogue encoded as tokenize encodes one."""
+    dialogues = [
+        request_dialogue(str(i), row, None if candidates is None else candidates[i])
+        for i, row in enumerate(rows)
+    ]
+    return encode_dialogues(dialogues, vocab)
 
 
-def encode_histories(
-    histories: Sequence[Sequence[str]], vocab: Vocab, spec: ServingSpec
-) -> History:
-    """Histories -> ``History``, cut exactly as the training examples were
-    (``data.history.text_histories``: the most recent ``max_utterances`` utterances and
-    ``max_history`` tokens). The response speaker is "self", so the last utterance is the
-    other party's."""
-    encoded = [[np.asarray(vocab.encode(t), dtype=np.int32) for t in h] for h in histories]
-    limits = GenerateParams(
+def _history_params(spec: ServingSpec) -> GenerateParams:
+    return GenerateParams(
         max_history=spec.max_history,
         max_utterances=spec.max_utterances,
         max_response=spec.max_response,
     )
-    h = text_histories(encoded, limits)
-    rows = range(len(histories))
-    return collate_history(
-        [h.input_ids[i] for i in rows],
-        [h.utt_index[i] for i in rows],
-        [h.utt_pos[i] for i in rows],
-        [h.speaker[i] for i in rows],
-    )
-
-
-def _pad_rows(rows: Sequence[Sequence[int]]) -> torch.Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
-    return out
 
 
 def generate_batch(
     histories: Sequence[Sequence[str]], vocab: Vocab, spec: ServingSpec
 ) -> GenerateBatch:
-    history = encode_histories(histories, vocab, spec)
-    target = torch.full((len(histories), 1), BOS_ID, dtype=torch.long)
-    return GenerateBatch(
-        history=history,
-        target_ids=target,
-        target_mask=target != PAD_ID,
-        turn=history.utt_index.max(dim=1).values + 1,
-        dialogue_id=tuple(str(i) for i in range(len(histories))),
-    )
+    """Histories -> the batch a generate model decodes from: each history cut exactly as
+    the training examples' (``data.examples.build_prompts``: the most recent
+    ``max_utterances`` utterances and ``max_history`` tokens; the response speaker is
+    "self", so the last utterance is the other party's), collated by the loader."""
+    prompts = build_prompts(_encoded(histories, vocab), _history_params(spec))
+    return collate_generate(list(prompts))
 
 
 def select_batch(
@@ -166,46 +164,36 @@ def select_batch(
     vocab: Vocab,
     spec: ServingSpec,
 ) -> SelectBatch:
-    history = encode_histories(histories, vocab, spec)
+    """Histories and their candidates -> the batch a select model scores: built as
+    tokenize builds a corpus's own candidates (DSTC7) on an evaluation split (every
+    candidate kept, in order, cut to ``max_candidate`` tokens), collated by the loader.
+    A row whose candidates cannot be scored (:func:`candidates_problem`) raises
+    :class:`RequestError`."""
     for i, row in enumerate(candidates):
-        if not row:
-            raise RequestError(f"row {i}: column 'candidates' is empty; valid: 1 or more strings")
-    n = max(len(c) for c in candidates)
-    encoded = [[_utterance(vocab, c, spec.max_candidate) for c in row] for row in candidates]
-    width = max(len(c) for row in encoded for c in row)
-    ids = torch.full((len(candidates), n, width), PAD_ID, dtype=torch.long)
-    for b, row in enumerate(encoded):
-        for k, c in enumerate(row):
-            ids[b, k, : len(c)] = torch.tensor(c)
-    return SelectBatch(
-        history=history,
-        candidate_ids=ids,
-        candidate_mask=ids != PAD_ID,
-        labels=torch.zeros(len(candidates), n),
-        dialogue_id=tuple(str(i) for i in range(len(candidates))),
-    )
+        problem = candidates_problem(row)
+        if problem is not None:
+            raise RequestError(f"row {i}: {problem}")
+    dialogues = _encoded(histories, vocab, candidates)
+    params = SelectParams(max_candidate=spec.max_candidate)
+    examples = build_select(dialogues, params, _history_params(spec), Split.TEST, seed=0)
+    return collate_select(list(examples))
 
 
 def lm_batch(documents: Sequence[Sequence[str]], vocab: Vocab, spec: ServingSpec) -> LMBatch:
-    docs = [
-        [[*vocab.encode(s)[: _sentence_words(spec.max_sentence)], EOS_ID] for s in doc]
-        or [[EOS_ID]]
-        for doc in documents
-    ]
-    n_sent = max(len(d) for d in docs)
-    width = max(len(s) for d in docs for s in d)
-    sentences = torch.full((len(docs), n_sent, width), PAD_ID, dtype=torch.long)
-    for b, doc in enumerate(docs):
-        for s, sent in enumerate(doc):
-            sentences[b, s, : len(sent)] = torch.tensor(sent)
-    flat = _pad_rows([[t for s in d for t in s] for d in docs])
-    return LMBatch(
-        sentences=sentences,
-        sentence_mask=sentences != PAD_ID,
-        flat_ids=flat,
-        flat_mask=flat != PAD_ID,
-        dialogue_id=tuple(str(i) for i in range(len(docs))),
-    )
+    """Documents -> the batch an LM scores: built as tokenize builds documents (a sentence
+    with no words is left out, each sentence cut to ``max_sentence`` tokens), one document
+    per row however many sentences it has, collated by the loader. A document with no
+    words at all raises :class:`RequestError`."""
+    dialogues = _encoded(documents, vocab)
+    for i, d in enumerate(dialogues):
+        if not any(len(u) for u in d.utterances):
+            raise RequestError(
+                f"row {i}: column 'document' has no words (every sentence is empty); "
+                "valid: 1 or more sentences with words"
+            )
+    whole = max(len(d.utterances) for d in dialogues)  # no request's document is split
+    params = LMParams(sentences_per_document=whole, max_sentence=spec.max_sentence)
+    return collate_lm(list(build_lm(dialogues, params)))
 
 
 # --------------------------------------------------------------------------- the pyfunc

@@ -4,18 +4,19 @@ Each ``stages/<name>.py`` exposes ``select_params(params, item)``, the only slic
 ``params.yaml`` the stage passes on; it must equal the stage's ``params:`` list in dvc.yaml
 (tests/test_dvc.py), except :data:`UNDECLARED_PARAMS`, which stages read but do not declare.
 
-Importing this package is the first thing ``python -m stages.<name>`` does, and it makes
-sure the stage runs in an interpreter where hiertx is installed. DVC runs a stage's
-``cmd`` through a shell with the user's PATH, so its ``python`` is whichever comes first
-there: without an activated venv that is a system or pyenv Python without the project's
-packages (``ModuleNotFoundError: No module named 'rich'``). Then the stage re-executes
-itself with the project's ``.venv/bin/python`` (saying so on stderr) or, without one,
-exits with what to do. This covers ``dvc repro``, ``dvc repro -s STAGE`` and
+Importing this package does nothing but define names. A stage run as ``python -m
+stages.<name>`` calls :func:`ensure_project_interpreter` first, before it imports the
+project (``if __name__ == "__main__":`` above its other imports), because DVC runs a
+stage's ``cmd`` through a shell with the user's PATH, so its ``python`` is whichever comes
+first there: without an activated venv that is a system or pyenv Python without the
+project's packages (``ModuleNotFoundError: No module named 'rich'``). Then the stage
+re-executes itself with the project's ``.venv/bin/python`` (saying so on stderr) or,
+without one, exits with what to do. This covers ``dvc repro``, ``dvc repro -s STAGE`` and
 ``dvc exp run`` typed in any shell, and experiments DVC runs in a temporary copy of the
 project (``<project>/.dvc/tmp/exps/...``, which has no ``.venv`` of its own).
 
-This module runs before the interpreter's version is known to be supported: it keeps to
-syntax and modules old Pythons have.
+This module, and a stage script up to that call, run before the interpreter's version is
+known to be supported: they keep to syntax and modules old Pythons have.
 """
 
 from __future__ import annotations
@@ -60,34 +61,6 @@ def missing_requirements() -> list[str]:
     return missing
 
 
-def command_line() -> list[str] | None:
-    """This process's full command line (``sys.orig_argv``, or /proc on Pythons < 3.10):
-    while ``python -m`` imports this package, ``sys.argv[0]`` is only ``"-m"``."""
-    argv = getattr(sys, "orig_argv", None)
-    if argv:
-        return list(argv)
-    try:
-        raw = Path("/proc/self/cmdline").read_bytes()
-    except OSError:
-        return None
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def stage_module(argv: list[str]) -> str | None:
-    """The module of ``python [options] -m <module> ...``, or None."""
-    args = iter(argv[1:])
-    for arg in args:
-        if arg == "-m":
-            return next(args, None)
-        if arg.startswith("-m"):
-            return arg[2:]
-        if arg in ("-X", "-W", "--check-hash-based-pycs"):
-            next(args, None)  # the option's value
-        elif arg.startswith("-c") or arg == "-" or not arg.startswith("-"):
-            return None  # -c, stdin or a script: not run as a module
-    return None
-
-
 def project_pythons(root: Path = PROJECT_ROOT) -> list[Path]:
     """The venv Pythons that can run this project's stages: ``<root>/.venv`` and, for an
     experiment DVC runs in a temporary copy inside a project's ``.dvc/tmp``, the
@@ -124,14 +97,11 @@ def advice(module: str, missing: list[str], tried: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def ensure_project_interpreter() -> None:
-    """Re-execute a ``python -m stages.<name>`` run by an interpreter without hiertx with
-    the project's ``.venv/bin/python``; exit with :func:`advice` if there is none. Does
-    nothing when the package is merely imported (tests, other tools)."""
-    argv = command_line()
-    module = stage_module(argv) if argv else None
-    if not module or not module.startswith(f"{__name__}."):
-        return
+def ensure_project_interpreter(module: str) -> None:
+    """Make sure stage ``module`` (``"stages.train"``), run as ``python -m <module>``, runs
+    in an interpreter with hiertx installed: if this one lacks it, re-execute the stage
+    with the project's ``.venv`` Python, same arguments; exit with :func:`advice` if there
+    is none, or if that one lacks it too."""
     missing = missing_requirements()
     if not missing:
         return
@@ -149,8 +119,5 @@ def ensure_project_interpreter() -> None:
             )
             env = dict(os.environ)
             env[REEXEC_ENV] = str(python)
-            os.execve(str(python), [str(python), *argv[1:]], env)
+            os.execve(str(python), [str(python), "-m", module, *sys.argv[1:]], env)
     sys.exit(advice(module, missing, tried))
-
-
-ensure_project_interpreter()

@@ -18,7 +18,12 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipeline.artifacts import SourceDeclaration
+from stages import ensure_project_interpreter
+
+if __name__ == "__main__":  # first: the imports below need the project's packages
+    ensure_project_interpreter("stages.check")
+
+from pipeline.artifacts import Layout, SourceDeclaration
 from pipeline.config import Params
 from pipeline.errors import HiertxError
 from pipeline.helpformat import command_parser
@@ -35,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = command_parser("python -m stages.check", __doc__)
     parser.add_argument("--params", default="params.yaml", help="the params file to check")
     parser.add_argument(
-        "--out", default="data/sources", help="folder of the <corpus>.json source declarations"
+        "--out",
+        type=Path,
+        default=Layout(Path(".")).sources_dir,  # DVC runs a stage in the project's root
+        help="folder of the <corpus>.json source declarations",
     )
     args = parser.parse_args(argv)
     try:
@@ -43,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except HiertxError as err:
         print(f"check {args.params}: {err}", file=sys.stderr)
         return 1
-    out = Path(args.out)
+    out = args.out
     shutil.rmtree(out, ignore_errors=True)  # a corpus taken out of corpora: leaves nothing
     for corpus in params.corpora:
         source = params.corpus(corpus).source

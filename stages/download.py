@@ -14,6 +14,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from stages import ensure_project_interpreter
+
+if __name__ == "__main__":  # first: the imports below need the project's packages
+    ensure_project_interpreter("stages.download")
+
 from pipeline.artifacts import SOURCES_FILE, DownloadRecord, Layout, SourceDeclaration
 from pipeline.config import DownloadParams, Params
 from pipeline.data.download import download_corpus
@@ -29,14 +34,17 @@ def select_params(params: Params, corpus: str) -> DownloadParams:
 
 
 def main(argv: list[str] | None = None) -> int:
+    layout = Layout(Path("."))  # DVC runs a stage in the project's root
     parser = command_parser("python -m stages.download", __doc__)
     parser.add_argument("corpus", help="a name in corpora: of params.yaml")
     parser.add_argument("--params", default="params.yaml", help="the params file")
-    parser.add_argument("--out", default="data/raw", help="folder to write <corpus>/ into")
+    parser.add_argument(
+        "--out", type=Path, default=layout.raw_dir, help="folder to write <corpus>/ into"
+    )
     args = parser.parse_args(argv)
     try:
         params = select_params(load_checked(args.params), args.corpus)
-        declaration = SourceDeclaration.read(Layout(Path(".")).declaration(args.corpus))
+        declaration = SourceDeclaration.read(layout.declaration(args.corpus))
         folder = download_corpus(args.corpus, args.out, params, source=declaration.source)
     except HiertxError as err:
         print(f"download {args.corpus}: {err}", file=sys.stderr)

@@ -6,13 +6,18 @@
 ``data/train/<run>/`` and ``data/shards/<corpus>/``; writes ``metrics/<run>.json``
 (git-tracked: ``dvc metrics show``, ``dvc exp show``) and
 ``data/eval/<run>/{seeds.json,per_example.jsonl,samples.md}``
-(``pipeline.eval.evaluate`` does the work) and logs the metrics to the training runs.
+(``pipeline.eval.stage.evaluate_run`` does the work) and logs the metrics to the training runs.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+from stages import ensure_project_interpreter
+
+if __name__ == "__main__":  # first: the imports below need the project's packages
+    ensure_project_interpreter("stages.evaluate")
 
 from pipeline.artifacts import Layout
 from pipeline.config import Params, parse_run_key

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import sys
 
+from stages import ensure_project_interpreter
+
+if __name__ == "__main__":  # first: the imports below need the project's packages
+    ensure_project_interpreter("stages.report")
+
 from pipeline.config import (
     EvaluateParams,
     Params,

@@ -13,9 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+from stages import ensure_project_interpreter
+
+if __name__ == "__main__":  # first: the imports below need the project's packages
+    ensure_project_interpreter("stages.tokenize")
+
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.artifacts import Layout
 from pipeline.config import Params, TokenizeParams
 from pipeline.data.splits import Split
 from pipeline.data.tokenize import tokenize_corpus
@@ -38,11 +44,16 @@ def select_params(params: Params, corpus: str) -> TokenizeParams:
 
 
 def main(argv: list[str] | None = None) -> int:
+    layout = Layout(Path("."))  # DVC runs a stage in the project's root
     parser = command_parser("python -m stages.tokenize", __doc__)
     parser.add_argument("corpus", help="a name in corpora: of params.yaml")
     parser.add_argument("--params", default="params.yaml", help="the params file")
-    parser.add_argument("--raw", default="data/raw", help="folder holding <corpus>/ raw files")
-    parser.add_argument("--out", default="data/shards", help="folder to write <corpus>/ into")
+    parser.add_argument(
+        "--raw", type=Path, default=layout.raw_dir, help="folder holding <corpus>/ raw files"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=layout.shards_dir, help="folder to write <corpus>/ into"
+    )
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (terminal) or lines (log)"
     )
@@ -50,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         section = select_params(load_checked(args.params), args.corpus)
-        raw, out = Path(args.raw) / args.corpus, Path(args.out) / args.corpus
+        raw, out = args.raw / args.corpus, args.out / args.corpus
         manifest = tokenize_corpus(args.corpus, raw, out, section, progress=not args.no_progress)
     except HiertxError as err:
         print(f"tokenize {args.corpus}: {err}", file=sys.stderr)

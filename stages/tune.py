@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import sys
 
+from stages import ensure_project_interpreter
+
+if __name__ == "__main__":  # first: the imports below need the project's packages
+    ensure_project_interpreter("stages.tune")
+
 from pipeline.config import Params
 from pipeline.errors import HiertxError
 from pipeline.helpformat import command_parser

@@ -3,8 +3,10 @@ the layout is the one dvc.yaml declares, and a checkpoint becomes a model one wa
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -159,6 +161,54 @@ def test_layout_is_the_one_dvc_yaml_declares():
         layout.eval_out("${key}") / name for name in (PER_EXAMPLE_FILE, SEEDS_FILE, "samples.md")
     ]
     assert Path(next(iter(evaluate["metrics"][0]))) == layout.metrics("${key}")
+
+
+# A folder of the layout, as a path literal: "data", "data/raw/x", "metrics" ...
+_LAYOUT_PATH = re.compile(r"^(data|metrics)(/(sources|raw|shards|tune|train|eval)(/.*)?)?/?$")
+
+
+def spelled_paths(source: str) -> list[tuple[int, str]]:
+    """(line, literal) of each layout path ``source`` builds itself: an operand of ``/``,
+    the argument of ``Path(...)`` or an option's ``default=``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            parts = [node.left, node.right]
+        elif isinstance(node, ast.Call):
+            by_path = getattr(node.func, "id", None) == "Path"
+            parts = [
+                *(node.args if by_path else []),
+                *(k.value for k in node.keywords if k.arg == "default"),
+            ]
+        else:
+            continue
+        found += [
+            (part.lineno, part.value)
+            for part in parts
+            if isinstance(part, ast.Constant)
+            and isinstance(part.value, str)
+            and _LAYOUT_PATH.match(part.value)
+        ]
+    return sorted(found)
+
+
+def test_layout_is_the_only_code_that_spells_the_paths():
+    """docs/DESIGN.md's promise: a stage or library module asks ``Layout`` (its options'
+    defaults included), so moving a folder is one edit in ``pipeline/artifacts/layout.py``."""
+    assert spelled_paths(
+        'root / "data" / "raw"\nPath("data/shards")\nadd("--out", default="metrics")\n'
+        'd["data"]\nprint("data/raw")\nroot / "dataset"\n'
+    ) == [(1, "data"), (2, "data/shards"), (3, "metrics")]  # fmt: skip
+    layout = REPO / "pipeline" / "artifacts" / "layout.py"
+    assert spelled_paths(layout.read_text())  # where they are spelled
+    sources = [*(REPO / "pipeline").rglob("*.py"), *(REPO / "stages").glob("*.py")]
+    spelled = [
+        f"{path.relative_to(REPO)}:{line}: {literal!r}"
+        for path in sorted(sources)
+        if path != layout
+        for line, literal in spelled_paths(path.read_text())
+    ]
+    assert spelled == []
 
 
 def test_load_model_is_the_exported_model_and_names_bad_files(tmp_path):

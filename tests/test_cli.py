@@ -184,6 +184,42 @@ def test_an_empty_reply_is_shown_as_empty(random_project, monkeypatch, capsys):
     assert replies == [cli.EMPTY_REPLY, cli.EMPTY_REPLY]
 
 
+def test_every_line_gets_a_line_blank_ones_and_resets_included(random_project, monkeypatch, capsys):
+    """A blank line (or one of spaces) and /reset each print an empty line, so replies
+    line up with the input; neither reaches the model: the history is as without them."""
+    from pipeline.serving import HiertxModel
+
+    asked: list[list[str]] = []
+    predict = HiertxModel.predict
+
+    def recording(self, context, model_input, params=None):
+        asked.append(list(model_input[0]["history"]))
+        return predict(self, context, model_input, params)
+
+    monkeypatch.setattr(HiertxModel, "predict", recording)
+    lines = ["hi", "", "how are you ?", " ", "/reset", "what do you do ?"]
+    replies = chat_in_process(random_project, monkeypatch, capsys, lines)
+    assert [replies[i] for i in (1, 3, 4)] == ["", "", ""]
+    assert all(replies[i] for i in (0, 2, 5))
+    assert asked == [["hi"], ["hi", replies[0], "how are you ?"], ["what do you do ?"]]
+
+
+@pytest.mark.slow  # starts Python
+def test_chat_from_a_file_to_a_file_lines_up(random_project, tmp_path):
+    """``chat < lines.txt > replies.txt``, through the shell: one reply line per line."""
+    (tmp_path / "lines.txt").write_text("a\n\nb\n \nc\n")
+    command = (
+        f"{sys.executable} -m pipeline chat --run transformer-chitchat --root {random_project} "
+        f"--params missing.yaml < {tmp_path / 'lines.txt'} > {tmp_path / 'replies.txt'}"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    replies = (tmp_path / "replies.txt").read_text().split("\n")
+    assert replies[-1] == "" and len(replies[:-1]) == 5
+    assert [bool(r) for r in replies[:-1]] == [True, False, True, False, True]
+
+
 def record_decode_configs(monkeypatch) -> list:
     """The ``DecodeConfig`` of every ``generate`` call chat makes from now on."""
     import pipeline.decode
@@ -225,6 +261,54 @@ def test_bad_sampling_arguments_name_the_flag(capsys):
                        (["--beam", "3", "--top-k", "5"], "--beam")):  # fmt: skip
         assert cli.main(["chat", "--run", "transformer-chitchat", *args]) == 2
         assert flag in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- rank's input
+
+
+def rank_error(tmp_path: Path, capsys, *args: str) -> str:
+    """``rank``'s exit 2 and its one-line message (no trained run is needed: the input is
+    refused before any model is loaded)."""
+    argv = ["rank", "--run", "transformer_ranker-chitchat", "--root", str(tmp_path), *args]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    return err.rstrip("\n")
+
+
+def test_a_binary_input_file_is_refused_in_one_line(tmp_path, capsys):
+    blob = tmp_path / "model.pt"
+    blob.write_bytes(b"PK\x03\x04\x89\xffbinary")
+    assert rank_error(tmp_path, capsys, "--input", str(blob)) == (
+        f"rank: {blob}: not a text file (byte 0x89 at offset 4 is not UTF-8); expected a JSON "
+        f"file {cli.REQUEST}"
+    )
+    request = tmp_path / "rank.json"
+    for shape in ('["a"]', '{"candidates": "a|b"}', '{"context": "hi", "candidates": ["a"]}',
+                  '{"candidates": ["a", null]}', "3"):  # fmt: skip
+        request.write_text(shape)
+        assert rank_error(tmp_path, capsys, "--input", str(request)).endswith(cli.REQUEST)
+
+
+def test_empty_candidates_are_refused_alike_from_the_flags_and_a_file(tmp_path, capsys):
+    """One rule, one message shape (the served model's, ``serving.candidates_problem``):
+    the flag or the file, then the first empty candidate."""
+    why = "an empty candidate cannot be scored; give it words or leave it out"
+    request = tmp_path / "rank.json"
+    request.write_text('{"context": ["hi"], "candidates": ["", ""]}')
+    assert rank_error(tmp_path, capsys, "--input", str(request)) == (
+        f"rank: {request}: candidates[0] is empty (''): {why}"
+    )
+    assert rank_error(tmp_path, capsys, "--candidates", "") == (
+        f"rank: --candidates: candidates[0] is empty (''): {why}"
+    )
+    assert rank_error(tmp_path, capsys, "--candidates", "fine| |nice") == (
+        f"rank: --candidates: candidates[1] is empty (''): {why}"
+    )
+    request.write_text('{"candidates": []}')
+    assert rank_error(tmp_path, capsys, "--input", str(request)) == (
+        f"rank: {request}: no candidates; valid: 1 or more strings with words"
+    )
 
 
 # --------------------------------------------------------------------------- the banner

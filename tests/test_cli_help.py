@@ -87,6 +87,9 @@ def test_rank_help_says_what_a_score_is(monkeypatch, capsys):
 def test_chat_help_says_how_to_quit_and_reset(monkeypatch, capsys):
     _, printed, _ = _help_of(cli.main, ["chat"], monkeypatch, capsys)
     assert cli.QUIT in printed and cli.RESET in printed and "Ctrl-D" in printed
+    text = " ".join(printed.split())  # what a blank line gets, so files line up
+    assert "A blank line is not sent to the model and gets an empty line" in text
+    assert "lines up line for line" in text
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import Params, load_params, parse_params, parse_run_key
+from pipeline.config import (
+    Params,
+    load_params,
+    params_file,
+    parse_params,
+    parse_run_key,
+    read_params,
+)
 from pipeline.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -209,6 +216,57 @@ def test_scale_holds_only_the_workers_and_placement_the_rest(tiny: dict) -> None
     assert params.train.placement.strategy == "SPREAD"
 
 
+def test_new_run_knobs_are_off_by_default(tiny: dict) -> None:
+    knobs = parse_params(tiny).train.run("gpt", "chitchat")
+    assert knobs.compile == "auto" and knobs.batch_tokens is None
+    assert knobs.averaging.kind == "none" and knobs.schedule.kind == "none"
+    assert (knobs.schedule.min_lr, knobs.schedule.decay_steps) == (0.0, None)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("train.defaults.compile", "yes", "'auto', 'on' or 'off'"),
+        ("train.defaults.batch_tokens", 0, "greater than 0"),
+        ("train.models.gpt.averaging.kind", "swa", "'none', 'uniform' or 'ema'"),
+        ("train.models.gpt.averaging.ema_decay", 1.0, "less than 1"),
+        ("train.models.gpt.averaging.lr_factor", 0, "greater than 0"),
+        ("train.runs.gpt-chitchat.overrides.averaging.epochs", 0, "greater than 0"),
+        ("train.defaults.schedule.kind", "cosinus", "'cosine'"),
+        ("train.defaults.schedule.min_lr", -1e-5, "greater than or equal to 0"),
+    ],
+)
+def test_new_knobs_refuse_bad_values_naming_the_key(
+    tiny: dict, key: str, value: object, reason: str
+) -> None:
+    err = _error(with_value(tiny, key, value))
+    assert err.key == key and reason in err.reason
+
+
+def test_knobs_that_bound_each_other_are_checked_where_they_meet(tiny: dict) -> None:
+    """Averaging's epochs set for a model, the run's epochs in its overrides: the merged
+    run is what must hold, and the error names the key that sets the bound knob."""
+    raw = with_value(tiny, "train.models.gpt.averaging", {"kind": "uniform", "epochs": 3})
+    err = _error(raw)  # train.defaults.epochs is 1
+    assert err.key == "train.models.gpt.averaging.epochs"
+    assert err.reason.startswith("3 averaged epochs in a run of 1 epochs: make it at most")
+    run = "train.runs.gpt-chitchat"
+    params = parse_params(with_value(raw, run, {"model": "gpt", "corpus": "chitchat",
+                                                "overrides": {"epochs": 5}}))  # fmt: skip
+    assert params.train.run("gpt", "chitchat").averaging.epochs == 3
+    # only what a run trains is checked: no run of hgpt here (a tune trial sets its epochs)
+    assert parse_params(
+        with_value(tiny, "train.models.hgpt.averaging", {"kind": "ema", "epochs": 2})
+    )
+    cosine = {"kind": "cosine", "warmup_steps": 10, "decay_steps": 10}
+    err = _error(with_value(tiny, f"{run}.overrides.schedule", cosine))
+    assert err.key == f"{run}.overrides.schedule.decay_steps"
+    assert err.reason.startswith("10 must exceed warmup_steps (10)")
+    err = _error(with_value(tiny, "train.defaults.schedule", {"kind": "cosine", "min_lr": 1.0}))
+    assert err.key == "train.defaults.schedule.min_lr"
+    assert "is above optimizer.lr" in err.reason
+
+
 def test_evaluate_corpora_replace_only_the_keys_they_set() -> None:
     params = parse_params(
         {
@@ -230,3 +288,142 @@ def test_evaluate_corpora_replace_only_the_keys_they_set() -> None:
     assert ev.for_corpus("ptb").decodes_for("hier") == ev.decodes_for("hier")
     multiwoz = ev.for_corpus("multiwoz21")
     assert multiwoz.max_batches == 10 and [d.suffix for d in multiwoz.decodes_for("hier")] == [""]
+
+
+# --------------------------------------------------------------------------- the file itself
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_files_read_as_pyyaml_reads_them() -> None:
+    for path in [REPO / "params.yaml", *sorted((REPO / "profiles").glob("*.yaml"))]:
+        assert read_params(path) == yaml.safe_load(path.read_text()), path
+
+
+def test_a_run_written_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the second copy silently, and the train stage trained it."""
+    lines = (REPO / "params.yaml").read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("    unet-chitchat:"))
+    second = (
+        "    transformer-chitchat: {model: transformer, corpus: chitchat, overrides: {epochs: 1}}"
+    )
+    lines.insert(at + 1, second)  # two runs after the first copy
+    first = 1 + next(
+        i for i, line in enumerate(lines) if line.startswith("    transformer-chitchat:")
+    )
+    with pytest.raises(ConfigError) as err:
+        load_params(_write(tmp_path, "\n".join(lines)))
+    assert str(err.value) == (
+        f"train.runs.transformer-chitchat: written twice, at lines {first} and {at + 2}; keep one"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "corpora: [chitchat]\ntrain: {}\ncorpora: [ptb]\n",
+            "corpora: written twice, at lines 1 and 3",
+        ),
+        ("a:\n  - {x: 1}\n  - {y: 1, y: 2}\n", "a.1.y: written twice, at line 3"),
+        ("a: {1: x, 0x1: y}\n", "a.0x1: written twice, at line 1"),  # one key, as YAML loads it
+        ("a:\n  b: &b {x: 1, x: 2}\nc: *b\n", "a.b.x: written twice, at line 2"),
+    ],
+)
+def test_a_key_written_twice_is_refused_at_any_depth(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        read_params(_write(tmp_path, text))
+    assert str(err.value).startswith(message)
+
+
+def test_a_merged_key_may_still_be_overridden(tmp_path: Path) -> None:
+    text = "base: &base {lr: 0.1, epochs: 2}\nrun:\n  <<: *base\n  lr: 0.2\n"
+    assert read_params(_write(tmp_path, text))["run"] == {"lr": 0.2, "epochs": 2}
+
+
+class _Refused(yaml.SafeLoader):
+    """A loader that fails the test if the reader parses anything at all."""
+
+    def __init__(self, stream: object) -> None:
+        raise AssertionError("the file was parsed")
+
+
+def test_a_20_mb_params_file_is_refused_before_it_is_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DVC took 76 s over this file, and `dvc status` did not answer in 240 s."""
+    path = tmp_path / "params.yaml"
+    with path.open("w") as out:
+        out.write("corpora: [chitchat]\nnotes:\n")
+        out.writelines(f"  - note number {i:>12} of a very long list\n" for i in range(500_000))
+    assert path.stat().st_size >= 20_000_000
+    monkeypatch.setattr(params_file, "_LOADER", _Refused)
+    with pytest.raises(ConfigError) as err:
+        load_params(path)
+    size = path.stat().st_size / 1e6
+    assert str(err.value) == (
+        f"params: {path} is {size:.1f} MB; the limit is 1 MB: a params file holds settings "
+        "(the shipped one is 10 kB); check that this is the file you meant"
+    )
+
+
+def billion_laughs(levels: int) -> str:
+    """A "billion laughs" document: each level an anchored list of ten of the level below."""
+    lines = ['lol0: &l0 "lol"']
+    for i in range(1, levels + 1):
+        lines.append(f"lol{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]")
+    return "\n".join(lines) + "\n"
+
+
+class _Unbuilt(params_file._LOADER):  # type: ignore[name-defined, misc]
+    """Composes like the reader's loader, but fails the test if a document is built."""
+
+    def construct_document(self, node: object) -> object:
+        raise AssertionError("the document was built")
+
+
+def test_a_billion_laughs_is_refused_before_anything_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DVC failed after 78 s with 'unexpected error - error return without exception set'."""
+    # a few aliases of a small anchor stay well within the limit
+    assert len(read_params(_write(tmp_path, billion_laughs(3)))["lol3"]) == 10
+    path = _write(tmp_path, billion_laughs(9))
+    monkeypatch.setattr(params_file, "_LOADER", _Unbuilt)
+    with pytest.raises(ConfigError) as err:
+        load_params(path)
+    # level i expands to 1 + 10 + ... + 10^i values; the document adds its root and 10 keys,
+    # and of all that only its 21 nodes are written in the file
+    added = 1 + 10 + sum(sum(10**j for j in range(i + 1)) for i in range(10)) - 21
+    assert added == 1_234_567_890
+    assert str(err.value) == (
+        f"params: {path}: its aliases (*name) expand it by {added:,} values; the limit is "
+        "100,000: write the repeated settings out, or alias less"
+    )
+
+
+def test_an_alias_inside_its_own_anchor_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path, "corpora: [chitchat]\nloop: &a [1, *a]\n")
+    with pytest.raises(ConfigError) as err:
+        read_params(path)
+    assert str(err.value) == (
+        f"params: {path}:2: an alias refers to the node that holds it, so the document never "
+        "ends; write the value out"
+    )
+
+
+def test_deep_nesting_binary_files_and_folders_get_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot be read: Is a directory"):
+        read_params(tmp_path)
+    with pytest.raises(ConfigError, match=r"(not valid YAML|nests deeper)"):
+        read_params(_write(tmp_path, "a: " + "[" * 100_000))
+    path = tmp_path / "params.yaml"
+    path.write_bytes(b"corpora: [\xff\xfe]\n")
+    with pytest.raises(ConfigError, match=r"is not UTF-8 text \(byte 10\)"):
+        read_params(path)

@@ -274,7 +274,16 @@ def test_make_repro_as_a_user_then_compare_experiments(tmp_path):
 # a stand-in stage in a tmp project that has only the stages package).
 
 BASE_PYTHON = Path(sys.base_prefix) / "bin" / "python3"
-HELLO = "import sys\nprint('stage ran in', sys.prefix)\n"
+# A stage as stages/<name>.py are written: the explicit entry first, then the work.
+HELLO = """import sys
+
+from stages import ensure_project_interpreter
+
+if __name__ == "__main__":
+    ensure_project_interpreter("stages.hello")
+
+print("stage ran in", sys.prefix)
+"""
 
 
 def stand_in_project(root: Path) -> Path:
@@ -356,10 +365,34 @@ def test_broken_venv_is_not_re_run_twice(tmp_path):
     assert f"{root / '.venv' / 'bin' / 'python'} lacks them too: run `make setup`" in result.stderr
 
 
-def test_stage_module_is_read_from_the_command_line():
-    from stages import stage_module
+@needs_bare_python
+def test_importing_the_stages_package_runs_nothing(tmp_path):
+    """Only a stage's explicit entry re-runs it: a module of the package without that call
+    runs in whatever Python started it, though a project venv is there."""
+    root = stand_in_project(tmp_path / "project")
+    (root / ".venv").symlink_to(sys.prefix)
+    (root / "stages" / "hello.py").write_text("import sys\nprint('ran in', sys.prefix)\n")
+    result = run_stage(root)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"ran in {sys.base_prefix}" and not result.stderr
 
-    assert stage_module(["python", "-m", "stages.train", "gpt", "chitchat"]) == "stages.train"
-    assert stage_module(["python", "-X", "dev", "-mstages.tune"]) == "stages.tune"
-    assert stage_module(["python", "stages/train.py", "-m", "x"]) is None  # a script
-    assert stage_module(["python", "-c", "import stages"]) is None
+
+STAGE_SCRIPTS = sorted((REPO / "stages").glob("[!_]*.py"))
+
+
+@pytest.mark.parametrize("script", STAGE_SCRIPTS, ids=lambda p: p.stem)
+def test_every_stage_ensures_its_interpreter_before_importing_the_project(script: Path):
+    """``ensure_project_interpreter("stages.<name>")`` under ``if __name__ ==
+    "__main__":``, before any import but the standard library's and ``stages``'; and the
+    script parses on an old Python, which runs it up to there."""
+    import ast
+
+    tree = ast.parse(script.read_text(), feature_version=(3, 8))
+    first = next(i for i, node in enumerate(tree.body) if isinstance(node, ast.If))
+    guard = tree.body[first]
+    assert ast.unparse(guard.test) == "__name__ == '__main__'"
+    assert ast.unparse(guard.body[0]) == f"ensure_project_interpreter('stages.{script.stem}')"
+    before = [n for n in tree.body[:first] if isinstance(n, ast.Import | ast.ImportFrom)]
+    modules = {a.name for n in before if isinstance(n, ast.Import) for a in n.names}
+    modules |= {n.module for n in before if isinstance(n, ast.ImportFrom)}
+    assert modules <= set(sys.stdlib_module_names) | {"__future__", "stages"}, modules

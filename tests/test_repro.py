@@ -213,3 +213,36 @@ def test_dry_run_prints_the_waves(tmp_path: Path) -> None:
         then `dvc repro` for: report
         """) in done.stdout  # fmt: skip
     assert runs(project) == []
+
+
+@pytest.mark.slow
+def test_jobs_2_trains_two_runs_at_once_in_processes_without_ray(tmp_path: Path) -> None:
+    """``make repro JOBS=2`` on one machine with ``train.scale.num_workers: 0``: two train
+    stages' trainings overlap (their MLflow curves' timestamps: when each was stepping),
+    each in its stage's own process. No stage starts or joins Ray: ``RAY_ADDRESS`` points
+    at a port where nothing listens, so one that tried would fail; tune runs (Ray Tune)
+    are left out of the params."""
+    from tests.infra.test_cluster_repro import most_at_once, training_intervals
+    from tests.test_pipeline import VENV, edit_params, fresh_copy, user_env
+    from tests.test_pipeline import run as run_in
+
+    root = tmp_path / "p"
+    fresh_copy(root)
+    runs = {f"{m}-chitchat": {"model": m, "corpus": "chitchat"} for m in ("transformer", "gpt")}
+    for key, value in {
+        "train.runs": runs,
+        "tune.runs": {},
+        "train.scale.num_workers": 0,
+        "train.defaults.epochs": 40,  # long enough to overlap: 160 steps of 4 batches
+    }.items():
+        edit_params(root, key, value)
+    mlflow_db = tmp_path / "mlflow.db"
+    env = user_env(mlflow_db, f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    env |= {"RAY_ADDRESS": "127.0.0.1:9", "OMP_NUM_THREADS": "1"}
+    output = run_in(root, env, str(VENV / "bin" / "python"), "-m", "pipeline.repro", "--jobs", "2")
+    log = json.loads((root / ".dvc/tmp/repro-times.json").read_text())
+    stages = {r["stage"] for r in log["stages"]}
+    assert {"train@transformer-chitchat", "train@gpt-chitchat"} <= stages, output[-3000:]
+    assert "in this process" in output  # the train stage's line: no Ray Train workers
+    intervals = training_intervals(f"sqlite:///{mlflow_db}")
+    assert len(intervals) == 2 and most_at_once(intervals) == 2, intervals

@@ -3,6 +3,8 @@ example, and logging and loading it without MLflow's type-hint warning."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import math
 import os
@@ -10,21 +12,29 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 import torch
 
 from pipeline.artifacts import SavedModel
+from pipeline.config import GenerateParams, LMParams, SelectParams, VocabParams
+from pipeline.data.batch import History
+from pipeline.data.corpora import read_corpus
+from pipeline.data.dialogue import Dialogue, Turn
+from pipeline.data.encoding import encode_dialogues, vocab_texts, wrap_ids
+from pipeline.data.examples import build_generate, build_lm, build_select
+from pipeline.data.loader import collate
 from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, SPECIAL_TOKENS
-from pipeline.data.vocab import Vocab
+from pipeline.data.vocab import Vocab, build_vocab
 from pipeline.decode import DecodeConfig
 from pipeline.models import registry
 from pipeline.serving import (
     HiertxModel,
     RequestError,
     ServingSpec,
-    encode_histories,
+    generate_batch,
     input_example,
     lm_batch,
     model_signature,
@@ -97,7 +107,7 @@ def _served(tmp_path, vocab, name, task, **config) -> HiertxModel:
 
 def test_histories_keep_the_most_recent_tokens_and_alternate_speakers(vocab):
     spec = ServingSpec("generate", max_history=9, max_utterances=3)
-    h = encode_histories([["hi there", "how are you", "fine thanks"], ["hi"]], vocab, spec)
+    h = generate_batch([["hi there", "how are you", "fine thanks"], ["hi"]], vocab, spec).history
     # 4 utterances of 4 tokens > 9: only the last two are kept (oldest dropped whole)
     first = h.input_ids[0][h.input_mask[0]].tolist()
     assert first == [
@@ -165,7 +175,7 @@ def test_select_pyfunc_scores_each_candidate_independently_of_padding(tmp_path, 
     batch = select_batch([rows[0]["history"]], [rows[0]["candidates"]], served.vocab, served.spec)
     with torch.no_grad():
         assert scores[0] == pytest.approx(served.model.score(batch)[0].tolist(), abs=1e-5)
-    with pytest.raises(RequestError, match=r"^row 1: column 'candidates' is empty"):
+    with pytest.raises(RequestError, match=r"^row 1: no candidates; valid: 1 or more strings"):
         served.predict(None, [rows[0], {"history": ["hi"], "candidates": []}])
 
 
@@ -228,6 +238,157 @@ def test_signature_and_input_example_say_what_each_task_takes(
     # the example is a valid request: the pyfunc answers it
     answers = _served(tmp_path, vocab, name, task, **config).predict(None, example)
     assert len(answers) == 1
+
+
+# --------------------------------------------------------------------------- served as trained
+
+# A history longer than the limits, and candidates and sentences longer than their cuts;
+# a candidate cut to 1 or 2 tokens keeps no word; no limits at all. (The task names none:
+# it does not change how texts become batches.)
+LIMITS = [
+    ServingSpec("", max_history=150, max_utterances=10, max_candidate=30, max_sentence=50),
+    ServingSpec("", max_history=23, max_utterances=3, max_candidate=5, max_sentence=4),
+    ServingSpec("", max_history=None, max_utterances=None, max_candidate=2, max_sentence=2),
+    ServingSpec("", max_history=9, max_utterances=None, max_candidate=1, max_sentence=None),
+]
+LONG = "how are you doing today , my good old friend , and how is the weather over there ?"
+MADE = ("hi there", "", LONG, "i said <pad> to him", "fine", "thanks")  # typed "<pad>": a word
+
+
+@pytest.fixture(scope="module")
+def corpus() -> tuple[Vocab, list[Dialogue]]:
+    """Real chitchat dialogues and one made up: an empty turn, a long one, "<pad>" typed."""
+    real = list(itertools.islice(read_corpus("chitchat"), 10))
+    made = Dialogue("made", tuple(Turn("ab"[t % 2], x) for t, x in enumerate(MADE)))
+    dialogues = [*real, made]
+    return build_vocab(vocab_texts(dialogues), VocabParams(size=300)), dialogues
+
+
+def history_params(spec: ServingSpec) -> GenerateParams:
+    return GenerateParams(max_history=spec.max_history, max_utterances=spec.max_utterances)
+
+
+def assert_same_batch(served: Any, loaded: Any, unknown: tuple[str, ...] = ()) -> None:
+    """Every tensor of the two batches equal (shape, dtype, values), nested ``History``
+    included, but the fields a request cannot know (``unknown``) and the ids."""
+    for field in dataclasses.fields(loaded):
+        if field.name in (*unknown, "dialogue_id"):
+            continue
+        a, b = getattr(served, field.name), getattr(loaded, field.name)
+        if isinstance(b, History):
+            assert_same_batch(a, b)
+        elif b is None:
+            assert a is None, field.name
+        else:
+            assert a.dtype == b.dtype and a.shape == b.shape, (field.name, a.shape, b.shape)
+            assert torch.equal(a, b), field.name
+
+
+@pytest.mark.parametrize("spec", LIMITS)
+def test_served_generate_batches_are_the_loaders(corpus, spec):
+    """Every response turn: the history texts before it, served, give the batch that
+    tokenize's examples give through the loader's collate (the response to write aside)."""
+    vocab, dialogues = corpus
+    encoded = encode_dialogues(dialogues, vocab)
+    examples = list(build_generate(encoded, history_params(spec)))
+    by_id = {d.id: d for d in dialogues}
+    histories = [[t.text for t in by_id[e.dialogue_id].turns[: e.turn]] for e in examples]
+    served = generate_batch(histories, vocab, spec)
+    assert_same_batch(served, collate(examples), unknown=("target_ids", "target_mask"))
+    assert served.target_ids.tolist() == [[BOS_ID]] * len(examples)  # where decoding starts
+    if spec.max_history is not None:  # the limits cut: some history was longer
+        uncut = [sum(len(vocab.encode(t)) + 2 for t in h) for h in histories]
+        assert max(uncut) > spec.max_history
+
+
+@pytest.mark.parametrize("spec", LIMITS[:2])
+def test_served_select_batches_are_the_loaders_sampled_candidates(corpus, spec):
+    """Every example of a test split whose negatives tokenize drew from other dialogues
+    (candidates of 1 or 2 tokens are not distinct enough to draw from): the same
+    history and candidate texts, served, give its batch."""
+    vocab, dialogues = corpus
+    encoded = encode_dialogues(dialogues, vocab)
+    params = SelectParams(n_candidates_eval=6, max_candidate=spec.max_candidate)
+    examples = list(build_select(encoded, params, history_params(spec), "test", seed=13))
+    # Each candidate's text: the response whose wrapped ids it is.
+    text_of = {
+        wrap_ids(u, spec.max_candidate).tobytes(): t.text
+        for d, e in zip(dialogues, encoded, strict=True)
+        for t, u in zip(d.turns, e.utterances, strict=True)
+    }
+    by_id = {d.id: d for d in dialogues}
+    histories = [[t.text for t in by_id[e.dialogue_id].turns[: e.turn]] for e in examples]
+    candidates = [[text_of[c.tobytes()] for c in e.candidate_ids] for e in examples]
+    served = select_batch(histories, candidates, vocab, spec)
+    assert_same_batch(served, collate(examples), unknown=("labels",))
+    assert max(len(vocab.encode(c)) for row in candidates for c in row) > spec.max_candidate
+
+
+def own_candidates(dialogues: list[Dialogue]) -> list[Dialogue]:
+    """DSTC7-shaped dialogues: each one's turns but the last, answered by its own
+    candidates: the last turn, other dialogues' turns, a long one and one with "<pad>"."""
+    texts = [t.text for d in dialogues for t in d.turns if t.text.strip()]
+    shaped = []
+    for i, d in enumerate(dialogues):
+        context = d.turns[:-1] or d.turns
+        candidates = [d.turns[-1].text, *texts[3 * i : 3 * i + 3], LONG, MADE[3]]
+        own = [{"id": str(k), "text": c} for k, c in enumerate(candidates) if c.strip()]
+        shaped.append(Dialogue(f"{d.id}+", context, {"candidates": own, "correct_ids": ["0"]}))
+    return shaped
+
+
+@pytest.mark.parametrize("spec", LIMITS)
+def test_served_select_batches_are_the_loaders_own_candidates(corpus, spec):
+    """A corpus's own candidates (DSTC7), kept whole off the training split: the same
+    history and candidate texts, served, give the loader's batch, a candidate cut to 1
+    or 2 tokens included (``<bos> <eos>``, as training cut it)."""
+    vocab, dialogues = corpus
+    shaped = own_candidates(dialogues)
+    params = SelectParams(max_candidate=spec.max_candidate)
+    encoded = encode_dialogues(shaped, vocab)
+    examples = list(build_select(encoded, params, history_params(spec), "test", seed=13))
+    histories = [[t.text for t in d.turns] for d in shaped]
+    candidates = [[c["text"] for c in d.meta["candidates"]] for d in shaped]
+    served = select_batch(histories, candidates, vocab, spec)
+    assert_same_batch(served, collate(examples), unknown=("labels",))
+
+
+@pytest.mark.parametrize("spec", LIMITS)
+def test_served_lm_batches_are_the_loaders(corpus, spec):
+    """Every document tokenize built (non-empty turns, a few per document): the texts of
+    the turns it spans, an empty one among them, served, give the loader's batch."""
+    vocab, dialogues = corpus
+    encoded = encode_dialogues(dialogues, vocab)
+    params = LMParams(sentences_per_document=3, max_sentence=spec.max_sentence)
+    examples = list(build_lm(encoded, params))
+    documents = []
+    for e in examples:
+        d = next(d for d in encoded if d.id == e.dialogue_id)
+        spoken = [t for t, u in enumerate(d.utterances) if len(u) and t >= e.turn]
+        last = spoken[len(e.sentences) - 1]
+        turns = next(x for x in dialogues if x.id == e.dialogue_id).turns
+        documents.append([t.text for t in turns[e.turn : last + 1]])
+    assert [""] in [[s for s in doc if not s] for doc in documents]  # an empty turn spanned
+    served = lm_batch(documents, vocab, spec)
+    assert_same_batch(served, collate(examples))
+
+
+def test_requests_that_cannot_be_scored_are_refused_in_one_line(tmp_path, vocab):
+    """An empty candidate, as ``rank`` refuses it; a document without a word."""
+    spec = ServingSpec("select")
+    for candidates, index in ((["fine thanks", ""], 1), (["  "], 0)):
+        with pytest.raises(RequestError) as refused:
+            select_batch([["hi"], ["hi there"]], [["nice"], candidates], vocab, spec)
+        assert str(refused.value) == (
+            f"row 1: candidates[{index}] is empty ({candidates[index]!r}): an empty candidate "
+            "cannot be scored; give it words or leave it out"
+        )
+    served = _served(tmp_path, vocab, "gpt", "lm", **TINY["gpt"])
+    with pytest.raises(RequestError, match=r"^row 1: column 'document' has no words \(every"):
+        served.predict(None, [{"document": ["hi"]}, {"document": ["", " "]}])
+    # an empty sentence is left out, as tokenize leaves out an empty turn
+    with_empty = served.predict(None, [{"document": ["hi there", "", "how are you"]}])
+    assert with_empty == served.predict(None, [{"document": ["hi there", "how are you"]}])
 
 
 @pytest.mark.slow

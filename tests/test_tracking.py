@@ -116,6 +116,45 @@ def test_server_dying_mid_run_replays_everything_into_one_fallback_run(stores, m
     assert run.data.params == {"a": "1"} and run.info.status == "FINISHED"
 
 
+def test_the_loops_metrics_go_on_from_the_last_step_a_resumed_run_logged(stores, monkeypatch):
+    """A training killed after logging step 5 and resumed from its checkpoint of step 3
+    recomputes steps 4 and 5 exactly: the sink logs them once. Logging elsewhere (the
+    evaluate stage's test metrics at step 0, again on a re-evaluation) stays as it was."""
+    uri, fallback = stores
+    driver = Tracker.start(uri, fallback, "resumed", "r", resume_key="train-k-2")
+    first = driver.sink()
+    for step in range(1, 6):
+        first.log_metrics({"train_loss": 10.0 - step, "lr": 0.1}, step)
+    first.log_metrics({"valid_loss": 4.0}, 4)
+    # the resumed process: the same run goes on, from step 3's checkpoint
+    again = Tracker.start(uri, fallback, "resumed", "r", resume_key="train-k-2", reuse="any")
+    assert again.run_id == driver.run_id
+    sink = again.sink()
+    for step in range(4, 8):
+        sink.log_metrics({"train_loss": 10.0 - step, "lr": 0.1}, step)
+        if step % 2 == 0:
+            sink.log_metrics({"valid_loss": 8.0 - step}, step)
+    again.log_metrics({"test_bleu": 1.0}, 0)
+    again.log_metrics({"test_bleu": 2.0}, 0)  # re-evaluated: MLflow shows the latest
+    history = {
+        key: sorted(tracking.metric_history(uri, again.run_id, key, section=section))
+        for key, section in (("train_loss", "curves"), ("valid_loss", "curves"), ("lr", "curves"))
+    }
+    assert history["train_loss"] == [(s, 10.0 - s) for s in range(1, 8)]
+    assert history["lr"] == [(s, 0.1) for s in range(1, 8)]
+    assert history["valid_loss"] == [(4, 4.0), (6, 2.0)]
+    assert sorted(tracking.metric_history(uri, again.run_id, "test_bleu", section="")) == [
+        (0, 1.0),
+        (0, 2.0),
+    ]
+    # a sink that falls back replays its history whole into the fallback run
+    _failing_client(monkeypatch, uri)
+    with pytest.warns(TrackingUnavailable):
+        sink.log_metrics({"train_loss": 2.0}, 8)
+    steps = tracking.metric_history(fallback, sink.run_id, "train_loss")
+    assert sorted(steps) == [(s, 10.0 - s) for s in range(4, 9)]
+
+
 # --------------------------------------------------------------------------- where the store is
 
 
@@ -399,3 +438,33 @@ def test_the_null_tracker_answers_every_call_a_run_gets_where_tracking_is_off(tm
     assert null.end_children({"t": "FINISHED"}) == 0
     null.end("FAILED")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_input_hashes_come_from_dvc_lock_and_a_broken_one_only_warns(tmp_path):
+    """The run's input tags are read before training: a lock file a merge left conflicted
+    raised a raw YAML error from the tracking code."""
+    lock = tmp_path / "dvc.lock"
+    lock.write_text(
+        yaml.safe_dump(
+            {
+                "schema": "2.0",
+                "stages": {
+                    "tokenize@chitchat": {
+                        "deps": [{"path": "data/raw/chitchat", "md5": "raw1.dir"}],
+                        "outs": [{"path": "data/shards/chitchat", "md5": "abc.dir"}],
+                    }
+                },
+            }
+        )
+    )
+    inputs = ["data/shards/chitchat", "data/raw/chitchat", "data/shards/ptb"]
+    assert store.dvc_input_hashes(tmp_path, inputs) == {
+        "data/shards/chitchat": "abc.dir",
+        "data/raw/chitchat": "raw1.dir",
+    }
+    lock.write_text("stages:\n<<<<<<< HEAD\n  a: 1\n=======\n  a: 2\n>>>>>>> theirs\n")
+    with pytest.warns(UserWarning, match=r"dvc\.lock is no DVC lock file .*tagged without"):
+        assert store.dvc_input_hashes(tmp_path, inputs) == {}
+    lock.write_text("stages: [a, b]\n")
+    with pytest.warns(UserWarning, match="is no DVC lock file"):
+        assert store.dvc_input_hashes(tmp_path, inputs) == {}

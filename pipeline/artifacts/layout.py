@@ -23,26 +23,47 @@ class Layout:
 
     root: Path
 
+    @property
+    def data_dir(self) -> Path:
+        """Every stage output but the metrics (git-ignored): the folders below, and what
+        workers on other nodes must see at the same path."""
+        return self.root / "data"
+
+    @property
+    def sources_dir(self) -> Path:
+        """The check stage's output: a :meth:`declaration` per corpus."""
+        return self.data_dir / "sources"
+
+    @property
+    def raw_dir(self) -> Path:
+        """The download stages' outputs: a :meth:`raw` folder per corpus."""
+        return self.data_dir / "raw"
+
+    @property
+    def shards_dir(self) -> Path:
+        """The tokenize stages' outputs: a :meth:`shards` folder per corpus."""
+        return self.data_dir / "shards"
+
     def declaration(self, corpus: str) -> Path:
         """Where a corpus comes from, as the check stage read it from params."""
-        return self.root / "data" / "sources" / f"{corpus}.json"
+        return self.sources_dir / f"{corpus}.json"
 
     def raw(self, corpus: str) -> Path:
         """The downloaded corpus (download stage)."""
-        return self.root / "data" / "raw" / corpus
+        return self.raw_dir / corpus
 
     def shards(self, corpus: str) -> Path:
         """The tokenized corpus: vocabulary, act inventory, Arrow shards, manifest."""
-        return self.root / "data" / "shards" / corpus
+        return self.shards_dir / corpus
 
     def tune_out(self, key: str) -> Path:
-        return self.root / "data" / "tune" / key
+        return self.data_dir / "tune" / key
 
     def train_out(self, key: str) -> Path:
-        return self.root / "data" / "train" / key
+        return self.data_dir / "train" / key
 
     def eval_out(self, key: str) -> Path:
-        return self.root / "data" / "eval" / key
+        return self.data_dir / "eval" / key
 
     def metrics(self, key: str) -> Path:
         """Run ``key``'s aggregated test metrics (git-tracked, DVC metrics)."""
@@ -50,9 +71,7 @@ class Layout:
 
     def trained_runs(self) -> list[str]:
         """Keys of the runs with a train record."""
-        return sorted(
-            p.parent.name for p in (self.root / "data" / "train").glob(f"*/{MANIFEST_FILE}")
-        )
+        return sorted(p.parent.name for p in (self.data_dir / "train").glob(f"*/{MANIFEST_FILE}"))
 
     def relative(self, path: Path) -> str:
         """``path`` relative to the project (records stay valid when the project moves)."""

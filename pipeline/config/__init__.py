@@ -26,6 +26,7 @@ from pipeline.config.data import (
     CorpusSource,
     DownloadParams,
     FileSource,
+    FormatTraits,
     GenerateParams,
     LMParams,
     SelectParams,
@@ -39,12 +40,18 @@ from pipeline.config.evaluate import (
     DecodeParams,
     DecodeStrategy,
     EvaluateParams,
+    LMEvaluateParams,
+    LMProtocol,
     ReportParams,
     TrackingParams,
     Word2VecParams,
 )
+from pipeline.config.params_file import read_yaml
 from pipeline.config.sections import CorpusKey, Section
 from pipeline.config.train import (
+    AveragingKind,
+    AveragingParams,
+    CompileMode,
     OptimizerKind,
     OptimizerParams,
     PlacementParams,
@@ -127,12 +134,15 @@ def parse_params(raw: dict[str, Any]) -> Params:
 
 
 def read_params(path: str | Path = "params.yaml") -> dict[str, Any]:
-    """The raw mapping of a params file; a ``ConfigError`` for a missing or broken file."""
+    """The raw mapping of a params file; a ``ConfigError`` for a missing or broken file, one
+    over the size or alias limits, or one with a key written twice (``params_file``)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = read_yaml(path) or {}
     except FileNotFoundError:
         raise ConfigError("params", f"{path} not found; run from the project root") from None
+    except OSError as err:  # a folder, a file without read permission
+        raise ConfigError("params", f"{path} cannot be read: {err.strerror}") from None
     except yaml.YAMLError as err:
         raise ConfigError("params", f"{path} is not valid YAML: {err}") from None
     if not isinstance(raw, dict):
@@ -147,7 +157,10 @@ def load_params(path: str | Path = "params.yaml") -> Params:
 
 
 __all__ = [
+    "AveragingKind",
+    "AveragingParams",
     "ChatTargets",
+    "CompileMode",
     "CorpusEvaluateParams",
     "CorpusKey",
     "CorpusParams",
@@ -157,8 +170,11 @@ __all__ = [
     "DownloadParams",
     "EvaluateParams",
     "FileSource",
+    "FormatTraits",
     "GenerateParams",
+    "LMEvaluateParams",
     "LMParams",
+    "LMProtocol",
     "OptimizerKind",
     "OptimizerParams",
     "Params",

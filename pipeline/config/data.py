@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import (
@@ -122,14 +123,6 @@ class LMParams(Section):
     max_sentence: int | None = Field(default=50, gt=1)
 
 
-class SourceFormat(enum.StrEnum):
-    """The formats a corpus of one's own may come in (``pipeline.data.formats.chat`` and
-    ``pipeline.data.formats.convlab`` define them)."""
-
-    CHAT_JSONL = "chat_jsonl"
-    CONVLAB = "convlab_unified"
-
-
 class ChatTargets(enum.StrEnum):
     """Which turns of a chat corpus are generation targets: every turn after the first, or
     only the assistant's (or the user's)."""
@@ -137,6 +130,74 @@ class ChatTargets(enum.StrEnum):
     ALL = "all"
     ASSISTANT = "assistant"
     USER = "user"
+
+
+@dataclass(frozen=True, slots=True)
+class FormatTraits:
+    """What a declared format is, in the plain terms config, data and the params check ask
+    about it (never its name).
+
+    ``label``: a file of it, in messages. ``layout``: how its dialogues are written, for the
+    fix of a file that holds none. ``own_splits``: each dialogue names its split, so the
+    corpus is one file (no ``splits``) whose dialogues keep their split; otherwise one file
+    is split by dialogue with the corpus's seeded ``split``. ``acts``: turns carry dialogue
+    acts and belief states (an act inventory, act models). ``empty_turns``: an empty
+    utterance stays a turn (so its acts and state stay in place); otherwise every turn has
+    text. ``answers_as``: the one speaker a corpus of it answers as; None: ``targets``
+    chooses (every turn after the first, or one role's).
+    """
+
+    label: str
+    layout: str
+    own_splits: bool
+    acts: bool
+    empty_turns: bool
+    answers_as: str | None
+
+    def responder(self, targets: ChatTargets) -> str | None:
+        """The speaker whose turns are generation targets (None: every turn after the first)."""
+        if self.answers_as is not None:
+            return self.answers_as
+        return None if targets is ChatTargets.ALL else targets.value
+
+
+class SourceFormat(enum.StrEnum):
+    """The formats a corpus of one's own may come in, each with its :class:`FormatTraits`
+    (``SourceFormat.CONVLAB.traits.acts``): one row per format, the only table of them. A
+    format's reader is registered against it in ``pipeline.data.declared.READERS``."""
+
+    traits: FormatTraits
+
+    def __new__(cls, value: str, traits: FormatTraits) -> SourceFormat:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.traits = traits
+        return member
+
+    CHAT_JSONL = (
+        "chat_jsonl",
+        FormatTraits(
+            label="chat JSONL file",
+            layout='one JSON object per line, {"messages": [{"role": "user", "content": '
+            '"Hi"}, {"role": "assistant", "content": "Hello"}]}',
+            own_splits=False,
+            acts=False,
+            empty_turns=False,
+            answers_as=None,
+        ),
+    )
+    CONVLAB = (
+        "convlab_unified",
+        FormatTraits(
+            label="ConvLab data.zip",
+            layout="ConvLab-3's unified format: a JSON list of dialogues, data/dialogues.json "
+            "in data.zip",
+            own_splits=True,
+            acts=True,
+            empty_turns=True,
+            answers_as="system",
+        ),
+    )
 
 
 _SHA256 = r"^[0-9a-f]{64}$"
@@ -191,10 +252,13 @@ class CorpusSource(Section):
         else:
             assert self.file is not None
             _location(self.file)
-        if self.format is SourceFormat.CONVLAB and self.splits is not None:
-            raise ValueError("splits: a ConvLab data.zip holds its own splits: give one file")
-        if self.format is not SourceFormat.CHAT_JSONL and self.targets is not ChatTargets.ALL:
-            raise ValueError("targets: a chat_jsonl setting (ConvLab corpora answer as the system)")
+        traits = self.format.traits
+        if traits.own_splits and self.splits is not None:
+            raise ValueError(f"splits: a {traits.label} holds its own splits: give one file")
+        if traits.answers_as is not None and self.targets is not ChatTargets.ALL:
+            raise ValueError(
+                f"targets: a {traits.label} answers as the {traits.answers_as}: remove targets"
+            )
         return self
 
     def files(self) -> dict[str | None, FileSource]:

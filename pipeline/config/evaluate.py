@@ -1,4 +1,5 @@
-"""Params of tracking (MLflow) and of the evaluate stage (decodings, word vectors)."""
+"""Params of tracking (MLflow) and of the evaluate stage (decodings, word vectors, the
+language models' protocol)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,43 @@ class Word2VecParams(Section):
 LATENT_SAMPLES = 100
 
 
+class LMProtocol(enum.StrEnum):
+    """How a language model's test perplexity is measured (``pipeline.eval.language``).
+
+    ``document``: each test document on its own, its first token after ``<bos>`` alone.
+    ``stream``: the test split as one text, as LM papers report PTB: a window slides over
+    it and scores every token once, each with the context before it in the window.
+    """
+
+    DOCUMENT = "document"
+    STREAM = "stream"
+
+
+class LMEvaluateParams(Section):
+    """``evaluate.lm``: the protocol of language models' test perplexity. Streamed, a flat
+    model (GPT) slides over tokens and a hierarchical one (HGPT) over whole sentences; each
+    window starts with ``<bos>`` (HGPT: its begin-of-document vector), holds up to
+    ``context_*`` units before the ones it scores and scores the next ``stride_*`` units,
+    then advances by them. Defaults: Transformer-XL's PTB test (its ``train.py`` l. 299-329
+    and l. 499: 10 tokens scored a window after 130 of context, ``eval_bptt`` 10 and
+    ``ext_len`` 70 + 70 - 10); for HGPT, 9 sentences of context, the most its document GPT
+    sees in training on PTB's 10-sentence documents."""
+
+    protocol: LMProtocol = LMProtocol.DOCUMENT
+    context_tokens: int = Field(
+        default=130, ge=0, description="stream, flat LMs: tokens of context before each window"
+    )
+    stride_tokens: int = Field(
+        default=10, ge=1, description="stream, flat LMs: tokens each window scores (its step)"
+    )
+    context_sentences: int = Field(
+        default=9, ge=0, description="stream, hierarchical LMs: sentences of context"
+    )
+    stride_sentences: int = Field(
+        default=1, ge=1, description="stream, hierarchical LMs: sentences each window scores"
+    )
+
+
 class CorpusEvaluateParams(Section):
     """``evaluate.corpora.<corpus>``: what differs on one corpus (only the keys given)."""
 
@@ -93,6 +131,9 @@ class CorpusEvaluateParams(Section):
     )
     decodes: tuple[DecodeParams, ...] = Field(
         default=(DecodeParams(),), description="every generate model's decodings here"
+    )
+    lm: LMEvaluateParams = Field(
+        default=LMEvaluateParams(), description="the language models' protocol here"
     )
 
     @field_validator("decodes")
@@ -111,7 +152,7 @@ class EvaluateParams(Section):
     )
     corpora: dict[CorpusKey, CorpusEvaluateParams] = Field(
         default_factory=dict,
-        description="per corpus, the keys that differ (max_batches, decodes)",
+        description="per corpus, the keys that differ (max_batches, decodes, lm)",
     )
     decodes: tuple[DecodeParams, ...] = Field(
         default=(DecodeParams(),), description="generate models: greedy (always) and others"
@@ -128,6 +169,10 @@ class EvaluateParams(Section):
         default=LATENT_SAMPLES,
         ge=1,
         description="VHRED/VHCR: posterior draws of the importance-sampled test NLL (K)",
+    )
+    lm: LMEvaluateParams = Field(
+        default=LMEvaluateParams(),
+        description="language models: per document, or streamed in a sliding window",
     )
 
     @field_validator("decodes")

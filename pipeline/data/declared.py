@@ -16,36 +16,46 @@ Reading. A single chat file is split by dialogue with the corpus's seeded ``spli
 params; a file per split gives its dialogues that split; a ConvLab file carries its own
 splits. Generation targets: ConvLab corpora answer as the system (like MultiWOZ), chat
 corpora every turn after the first, or one role's (``source.targets``). Errors name the
-file as declared (``examples/chat.jsonl:137: messages[2].content: ...``).
+file as declared (``examples/chat.jsonl:137: messages[2].content: ...``); a file that holds
+no dialogue (empty, or every record dropped) is an error naming it and the params key.
+
+A format is its row of ``SourceFormat`` (``pipeline.config``: its traits, which config,
+this module, ``corpora.declared_spec`` and the params check read) and its reader here,
+:data:`READERS`: nothing else asks which format a corpus is in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from pipeline.artifacts import SOURCES_FILE, DownloadRecord
-from pipeline.config import ChatTargets, CorpusSource, FileSource, SourceFormat
+from pipeline.config import FileSource, SourceFormat
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.formats import ParseContext, chat, convlab
 from pipeline.data.splits import Split, assign_splits
 from pipeline.errors import DataError
+from pipeline.names import one_per_name
 
+# A format's reader: ``read(path, ctx, *, shown_as)``, the dialogues of one file, errors
+# naming it ``shown_as`` (the file as declared).
 Reader = Callable[..., Iterator[Dialogue]]
-READERS: dict[SourceFormat, Reader] = {
-    SourceFormat.CHAT_JSONL: chat.read_file,
-    SourceFormat.CONVLAB: convlab.read_file,
-}
+READERS: Mapping[SourceFormat, Reader] = one_per_name(
+    SourceFormat,
+    (
+        (SourceFormat.CHAT_JSONL, chat.read_file),
+        (SourceFormat.CONVLAB, convlab.read_file),
+    ),
+    "pipeline.data.declared.READERS",
+)
 WHOLE = "all"  # the split key of a single file holding every split
 
 
-def responder(source: CorpusSource) -> str | None:
-    """The speaker whose turns are generation targets (None: every turn after the first)."""
-    if source.format is SourceFormat.CONVLAB:
-        return convlab.SPEAKERS[1]  # the system
-    return None if source.targets is ChatTargets.ALL else source.targets.value
+def source_key(name: str, split: str | None) -> str:
+    """The params key of the declared file that holds ``split`` (None: the one file)."""
+    return f"tokenize.corpora.{name}.source" + (f".splits.{split}" if split else "")
 
 
 def is_local(location: str) -> bool:
@@ -75,18 +85,30 @@ def read_declared(root: Path | None, split: Split | None, ctx: ParseContext) -> 
     record = DownloadRecord.read(root / SOURCES_FILE)
     if record.declared is None:
         raise DataError(root / SOURCES_FILE, "not the download record of a declared corpus")
-    read = READERS[record.declared.format]
+    form = record.declared.format
     by_split: dict[str, list[Dialogue]] = {}
     for part, file_name in record.split_files.items():
         shown = record.files[file_name].url
-        dialogues = list(read(root / file_name, ctx, shown_as=shown))
-        if part == WHOLE and record.declared.format is SourceFormat.CHAT_JSONL:
+        key = f"{source_key(record.corpus, None if part == WHOLE else part)}.file"
+        if _blank(root / file_name):
+            raise _holds_none(shown, "the file is empty", key, form)
+        dialogues = list(READERS[form](root / file_name, ctx, shown_as=shown))
+        if not dialogues:
+            skipped = ctx.stats.skipped.get(shown, 0)
+            what = (
+                f"no dialogue in the file: its {skipped} malformed records were skipped "
+                "(tokenize.on_error: skip)"
+                if skipped
+                else "no dialogue with a turn in the file"
+            )
+            raise _holds_none(shown, what, key, form)
+        if part == WHOLE and form.traits.own_splits:
+            for d in dialogues:
+                by_split.setdefault(str(d.meta["split"]), []).append(d)
+        elif part == WHOLE:
             assignment = assign_splits((d.id for d in dialogues), ctx.split)
             for d in dialogues:
                 by_split.setdefault(assignment[d.id].value, []).append(d)
-        elif part == WHOLE:  # ConvLab: each dialogue says its split
-            for d in dialogues:
-                by_split.setdefault(str(d.meta["split"]), []).append(d)
         else:
             by_split.setdefault(part, []).extend(dialogues)
     for part in Split:
@@ -94,3 +116,18 @@ def read_declared(root: Path | None, split: Split | None, ctx: ParseContext) -> 
             continue
         for d in by_split.get(part.value, []):
             yield Dialogue(d.id, d.turns, {**d.meta, "split": part.value})
+
+
+def _blank(path: Path) -> bool:
+    """Whether ``path`` holds nothing but whitespace (read up to its first other byte)."""
+    with path.open("rb") as f:
+        return not any(chunk.strip() for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def _holds_none(shown: str, what: str, key: str, form: SourceFormat) -> DataError:
+    """The error of a declared file without dialogues: what is wrong, and the fix."""
+    return DataError(
+        shown,
+        f"{what}: write its dialogues as {form.traits.layout}, or point {key} at the file "
+        "that holds them",
+    )

@@ -350,7 +350,7 @@ def link_local(
     name: str, split: str | None, file: FileSource, folder: Path, root: Path
 ) -> VerifiedFile:
     """Link ``folder/<target>`` to a declared local file and verify it (module docstring)."""
-    where = f"tokenize.corpora.{name}.source" + (f".splits.{split}" if split else "")
+    where = declared.source_key(name, split)
     path = declared.local_path(file.file, root)
     if not path.is_file():
         raise DownloadError(f"{where}.file: no such file {path} (relative paths are from {root})")

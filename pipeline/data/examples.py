@@ -5,7 +5,9 @@
   corpus's own candidates, DSTC7);
 - lm: documents of sentences.
 
-Histories are ``history.py``'s; the records and their table are ``records.py``'s.
+A request to a served model goes through the same builders (:func:`request_dialogue`;
+generate: :func:`build_prompts`), so a model is served what it was trained on. Histories
+are ``history.py``'s; the records and their table are ``records.py``'s.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.config import GenerateParams, LMParams, SelectParams
+from pipeline.data.dialogue import Dialogue, Turn
 from pipeline.data.encoding import EncodedDialogue, wrap_ids
-from pipeline.data.history import FlatSplit, response_pairs
+from pipeline.data.history import FlatSplit, histories_after_last, response_pairs
 from pipeline.data.records import (
     INT,
     Column,
@@ -30,7 +33,7 @@ from pipeline.data.records import (
     SelectExample,
     lengths_to_offsets,
 )
-from pipeline.data.special import EOS_ID
+from pipeline.data.special import BOS_ID, EOS_ID
 from pipeline.data.splits import Split
 from pipeline.errors import ConfigError
 
@@ -248,15 +251,8 @@ def draw_negatives(
 
 def _own_candidates(dialogues: Sequence[EncodedDialogue], rule: _Rule) -> ExampleTable:
     params, history, split, seed = rule.params, rule.history, rule.split, rule.seed
-    flat = FlatSplit(dialogues)
     kept: list[list[int]] = []
-    responders = []
-    for i, d in enumerate(dialogues):
-        # The responder is named by the corpus or, failing that, the participant who did
-        # not speak last (DSTC7 dialogues alternate between two participants).
-        last = d.speakers[-1]
-        named = d.response_speaker or next((s for s in reversed(d.speakers) if s != last), None)
-        responders.append(flat.code(i, named))
+    for d in dialogues:
         marks = d.labels if d.labels is not None else np.zeros(len(d.candidates or ()), np.int8)
         keep = list(range(len(marks)))
         # With per-epoch draws the training shards keep every candidate: each epoch then
@@ -282,9 +278,7 @@ def _own_candidates(dialogues: Sequence[EncodedDialogue], rule: _Rule) -> Exampl
             ),
             pool.offsets,
         )  # fmt: skip
-    n_turns = np.array([len(d.utterances) for d in dialogues], dtype=np.int64)
-    end = flat.first[:-1] + n_turns  # the turn after the last
-    h = flat.histories(end, flat.first[:-1], np.array(responders, dtype=np.int64), history)
+    h = histories_after_last(dialogues, history)
     per_row = lengths_to_offsets(np.array([len(k) for k in kept], dtype=np.int64))
     labels = [
         (d.labels if d.labels is not None else np.zeros(len(keep), np.int8))[keep]
@@ -292,7 +286,7 @@ def _own_candidates(dialogues: Sequence[EncodedDialogue], rule: _Rule) -> Exampl
     ]
     columns: dict[str, Column] = {
         "dialogue_id": [d.id for d in dialogues],
-        "turn": n_turns,
+        "turn": np.array([len(d.utterances) for d in dialogues], dtype=np.int64),
         **h.columns(),
         "candidate_ids": Nested(pool, per_row),
         "labels": Packed.from_arrays(labels, np.int8),
@@ -352,3 +346,42 @@ def _sentence(words: np.ndarray, limit: int | None) -> np.ndarray:
     out = np.empty(kept + 1, dtype=INT)
     out[:-1], out[-1] = words[: len(out) - 1], EOS_ID
     return out
+
+
+# --------------------------------------------------------------------------- requests
+
+# Speakers of a free-standing history: the response is "self"'s, the last utterance the
+# other party's, and turns alternate back from there.
+_SELF, _OTHER = "self", "other"
+
+
+def request_dialogue(
+    dialogue_id: str, texts: Sequence[str], candidates: Sequence[str] | None = None
+) -> Dialogue:
+    """A request to a served model as a dialogue the builders above take: ``texts`` (a
+    history, oldest first, or an LM document's sentences) answered by "self" after the
+    last, turns alternating back from the other party's last one; no texts is one empty
+    turn (every training history has a turn). ``candidates``: the responses to score, as
+    a corpus's own candidates (labels unknown: 0)."""
+    texts = list(texts) or [""]
+    n = len(texts)
+    turns = tuple(Turn(_SELF if (n - t) % 2 == 0 else _OTHER, text) for t, text in enumerate(texts))
+    meta: dict[str, object] = {"response_speaker": _SELF}
+    if candidates is not None:
+        meta["candidates"] = [{"id": str(k), "text": c} for k, c in enumerate(candidates)]
+    return Dialogue(dialogue_id, turns, meta)
+
+
+def build_prompts(dialogues: Sequence[EncodedDialogue], params: GenerateParams) -> ExampleTable:
+    """Generate examples of the response after each dialogue's last turn, still to be
+    written (serving): the history cut as :func:`build_generate` cuts it, the target
+    ``<bos>`` alone (where decoding starts), ``turn`` the response's turn number."""
+    h = histories_after_last(dialogues, params)
+    n = len(dialogues)
+    columns: dict[str, Column] = {
+        "dialogue_id": [d.id for d in dialogues],
+        "turn": np.array([len(d.utterances) for d in dialogues], dtype=np.int64),
+        **h.columns(),
+        "target_ids": Packed(np.full(n, BOS_ID, dtype=INT), np.arange(n + 1, dtype=np.int64)),
+    }
+    return ExampleTable(GenerateExample, columns, n)

@@ -139,21 +139,18 @@ def response_pairs(dialogues: Sequence[EncodedDialogue]) -> tuple[np.ndarray, np
     return array[:, 0], array[:, 1]
 
 
-# Speakers of a free-standing history: the response is "self"'s, the last utterance the
-# other party's, and turns alternate back from there.
-_SELF, _OTHER = "self", "other"
-
-
-def text_histories(histories: Sequence[Sequence[np.ndarray]], params: GenerateParams) -> Histories:
-    """The histories of free-standing dialogues (serving, the CLI), cut exactly as training
-    cuts them: each history is its encoded utterances (word ids), answered by a response
-    after the last; an empty history is one empty utterance."""
-    dialogues = []
-    for i, utterances in enumerate(histories):
-        turns = (*(utterances or (np.zeros(0, dtype=INT),)), np.zeros(0, dtype=INT))
-        n = len(turns) - 1
-        speakers = tuple(_SELF if (n - t) % 2 == 0 else _OTHER for t in range(n + 1))
-        dialogues.append(EncodedDialogue(str(i), speakers, tuple(turns)))
+def histories_after_last(dialogues: Sequence[EncodedDialogue], params: GenerateParams) -> Histories:
+    """The histories of the responses after each dialogue's last turn (a corpus's own
+    candidates, DSTC7; requests to a served model), cut as any response's: every turn of
+    the dialogue, to ``params``' limits. The responder is the dialogue's
+    ``response_speaker`` or, failing that, the participant who did not speak last (DSTC7
+    dialogues alternate between two participants)."""
     flat = FlatSplit(dialogues)
-    response = flat.first[1:] - 1  # each dialogue's last (placeholder) turn
-    return flat.histories(response, flat.first[:-1], flat.speaker_codes[response], params)
+    responders = []
+    for i, d in enumerate(dialogues):
+        last = d.speakers[-1]
+        named = d.response_speaker or next((s for s in reversed(d.speakers) if s != last), None)
+        responders.append(flat.code(i, named))
+    n_turns = np.array([len(d.utterances) for d in dialogues], dtype=np.int64)
+    end = flat.first[:-1] + n_turns  # the turn after the last
+    return flat.histories(end, flat.first[:-1], np.array(responders, dtype=np.int64), params)

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from pipeline.artifacts import ACTS_FILE, VOCAB_FILE, TokenizeRecord
 from pipeline.data.acts import ActInventory
 from pipeline.data.batch import Batch, GenerateBatch, History, LMBatch, SelectBatch
+from pipeline.data.plans import plan_batches, plan_token_batches
 from pipeline.data.records import (
     N_KNOWLEDGE,
     Example,
@@ -108,8 +109,24 @@ class ExampleDataset(Dataset):
         """Per-example size used for length bucketing."""
         return self.table.lengths(*_LENGTH_COLUMNS[self.task])
 
-    def collate(self, examples: Sequence[Example]) -> Batch:
-        return collate(examples, self.n_acts)
+    def token_counts(self) -> np.ndarray:
+        """Per example, the tokens it brings to a batch (batches by tokens): history and
+        response; history and every candidate; every sentence of a document. The stored
+        examples are counted (not a training epoch's redrawn candidates)."""
+        if self.task == Task.GENERATE:
+            return self.lengths()
+        column = "candidate_ids" if self.task == Task.SELECT else "sentences"
+        counts = np.zeros(len(self), dtype=np.int64)
+        for i in range(len(self)):
+            example = self.table[i]
+            rows = getattr(example, column)
+            counts[i] = sum(len(r) for r in rows)
+            if self.task == Task.SELECT:
+                counts[i] += len(example.input_ids)  # type: ignore[union-attr]
+        return counts
+
+    def collate(self, examples: Sequence[Example], pad_to: int = 1) -> Batch:
+        return collate(examples, self.n_acts, pad_to)
 
 
 def open_split(root: str | Path, task: Task | str, split: str) -> ExampleDataset:
@@ -120,17 +137,28 @@ def open_split(root: str | Path, task: Task | str, split: str) -> ExampleDataset
 # --------------------------------------------------------------------------- collate
 
 
-def _pad(rows: Sequence[np.ndarray], dtype: torch.dtype = torch.long) -> torch.Tensor:
-    """``[B, max len]``, zero-padded on the right."""
-    width = max((len(r) for r in rows), default=0)
+def _round_up(width: int, multiple: int) -> int:
+    """``width`` rounded up to a multiple of ``multiple`` (a compiled model sees fewer
+    distinct shapes)."""
+    return -(-width // multiple) * multiple
+
+
+def _pad(
+    rows: Sequence[np.ndarray], dtype: torch.dtype = torch.long, multiple: int = 1
+) -> torch.Tensor:
+    """``[B, max len]`` (rounded up to ``multiple``), zero-padded on the right."""
+    width = _round_up(max((len(r) for r in rows), default=0), multiple)
     out = np.zeros((len(rows), width), dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return torch.from_numpy(out).to(dtype)
 
 
-def _pad_nested(rows: Sequence[Sequence[np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, max count, max len]`` zero-padded values and their bool mask.
+def _pad_nested(
+    rows: Sequence[Sequence[np.ndarray]], multiple: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, max count, max len]`` zero-padded values and their bool mask (the length
+    rounded up to ``multiple``).
 
     Rows that are ``Rows`` views (select candidates, LM sentences read from shards) are
     gathered straight from their pool, one numpy call per batch row.
@@ -148,7 +176,7 @@ def _pad_nested(rows: Sequence[Sequence[np.ndarray]]) -> tuple[torch.Tensor, tor
             values = np.concatenate(row) if len(row) else np.zeros(0, dtype=np.int64)
         parts.append((values, starts, lengths))
     count = max((len(p[1]) for p in parts), default=0)
-    width = max((int(p[2].max()) for p in parts if len(p[2])), default=0)
+    width = _round_up(max((int(p[2].max()) for p in parts if len(p[2])), default=0), multiple)
     out = np.zeros((len(rows), count, width), dtype=np.int64)
     mask = np.zeros((len(rows), count, width), dtype=bool)
     pos = np.arange(width)
@@ -168,24 +196,27 @@ def collate_history(
     utt_index: Sequence[np.ndarray],
     utt_pos: Sequence[np.ndarray],
     speaker: Sequence[np.ndarray],
+    pad_to: int = 1,
 ) -> History:
-    """Per-example history columns -> a right-padded ``History`` batch."""
-    ids = _pad(input_ids)
+    """Per-example history columns -> a right-padded ``History`` batch (its length a
+    multiple of ``pad_to``)."""
+    ids = _pad(input_ids, multiple=pad_to)
     return History(
         input_ids=ids,
         input_mask=_mask([len(row) for row in input_ids], ids.shape[1]),
-        utt_index=_pad(utt_index),
-        utt_pos=_pad(utt_pos),
-        speaker=_pad(speaker),
+        utt_index=_pad(utt_index, multiple=pad_to),
+        utt_pos=_pad(utt_pos, multiple=pad_to),
+        speaker=_pad(speaker, multiple=pad_to),
     )
 
 
-def _history(examples: Sequence[GenerateExample | SelectExample]) -> History:
+def _history(examples: Sequence[GenerateExample | SelectExample], pad_to: int) -> History:
     return collate_history(
         [e.input_ids for e in examples],
         [e.utt_index for e in examples],
         [e.utt_pos for e in examples],
         [e.speaker for e in examples],
+        pad_to,
     )
 
 
@@ -202,10 +233,11 @@ def _optional(values: list, name: str) -> bool:
 
 
 def collate_generate(
-    examples: Sequence[GenerateExample], n_acts: int | None = None
+    examples: Sequence[GenerateExample], n_acts: int | None = None, pad_to: int = 1
 ) -> GenerateBatch:
-    """Generate examples -> ``GenerateBatch`` (``acts`` multi-hot over ``n_acts``)."""
-    targets = _pad([e.target_ids for e in examples])
+    """Generate examples -> ``GenerateBatch`` (``acts`` multi-hot over ``n_acts``; token
+    lengths padded to a multiple of ``pad_to``)."""
+    targets = _pad([e.target_ids for e in examples], multiple=pad_to)
     acts = belief = act_ids = None
     if _optional([e.acts for e in examples], "acts"):
         if n_acts is None:
@@ -214,11 +246,11 @@ def collate_generate(
         for i, e in enumerate(examples):
             acts[i, torch.from_numpy(e.acts.astype(np.int64))] = 1.0
     if _optional([e.belief_ids for e in examples], "belief_ids"):
-        belief = _pad([e.belief_ids for e in examples])
+        belief = _pad([e.belief_ids for e in examples], multiple=pad_to)
     if _optional([e.act_ids for e in examples], "act_ids"):
-        act_ids = _pad([e.act_ids for e in examples])
+        act_ids = _pad([e.act_ids for e in examples], multiple=pad_to)
     return GenerateBatch(
-        history=_history(examples),
+        history=_history(examples, pad_to),
         target_ids=targets,
         target_mask=_mask([len(e.target_ids) for e in examples], targets.shape[1]),
         turn=torch.tensor([e.turn for e in examples], dtype=torch.long),
@@ -229,20 +261,22 @@ def collate_generate(
     )
 
 
-def collate_select(examples: Sequence[SelectExample]) -> SelectBatch:
+def collate_select(examples: Sequence[SelectExample], pad_to: int = 1) -> SelectBatch:
     """Select examples -> ``SelectBatch``; rows with fewer candidates get all-pad candidates
-    (``candidate_mask`` all False, label 0)."""
-    candidates, mask = _pad_nested([e.candidate_ids for e in examples])
+    (``candidate_mask`` all False, label 0); token lengths padded to a multiple of
+    ``pad_to``."""
+    candidates, mask = _pad_nested([e.candidate_ids for e in examples], pad_to)
     labels = torch.zeros(candidates.shape[:2])
     for i, e in enumerate(examples):
         labels[i, : len(e.labels)] = torch.from_numpy(e.labels.astype(np.float32))
     ctx_k = cand_k = None
     if _optional([e.context_knowledge for e in examples], "context_knowledge"):
-        ctx_k = _bits(_pad([e.context_knowledge for e in examples]))
+        ctx_k = _bits(_pad([e.context_knowledge for e in examples], multiple=pad_to))
     if _optional([e.candidate_knowledge for e in examples], "candidate_knowledge"):
-        cand_k = _bits(_pad_nested([e.candidate_knowledge for e in examples])[0])  # type: ignore[misc]
+        knowledge = [e.candidate_knowledge for e in examples]
+        cand_k = _bits(_pad_nested(knowledge, pad_to)[0])  # type: ignore[arg-type]
     return SelectBatch(
-        history=_history(examples),
+        history=_history(examples, pad_to),
         candidate_ids=candidates,
         candidate_mask=mask,
         labels=labels,
@@ -252,11 +286,12 @@ def collate_select(examples: Sequence[SelectExample]) -> SelectBatch:
     )
 
 
-def collate_lm(examples: Sequence[LMExample]) -> LMBatch:
-    """LM documents -> ``LMBatch`` (sentences ``[B, S, Ls]`` and the same tokens flat)."""
-    sentences, mask = _pad_nested([e.sentences for e in examples])
+def collate_lm(examples: Sequence[LMExample], pad_to: int = 1) -> LMBatch:
+    """LM documents -> ``LMBatch`` (sentences ``[B, S, Ls]`` and the same tokens flat; token
+    lengths padded to a multiple of ``pad_to``)."""
+    sentences, mask = _pad_nested([e.sentences for e in examples], pad_to)
     flat_rows = [np.concatenate(e.sentences) if e.sentences else np.zeros(0) for e in examples]
-    flat = _pad(flat_rows)
+    flat = _pad(flat_rows, multiple=pad_to)
     return LMBatch(
         sentences=sentences,
         sentence_mask=mask,
@@ -266,86 +301,35 @@ def collate_lm(examples: Sequence[LMExample]) -> LMBatch:
     )
 
 
-def collate(examples: Sequence[Example], n_acts: int | None = None) -> Batch:
-    """Examples of one task kind -> its padded batch (token id 0 and False mark padding)."""
+def collate(examples: Sequence[Example], n_acts: int | None = None, pad_to: int = 1) -> Batch:
+    """Examples of one task kind -> its padded batch (token id 0 and False mark padding;
+    every token length a multiple of ``pad_to``, the number of sentences or candidates as
+    it is)."""
     if not examples:
         raise ValueError("cannot collate an empty batch")
     first = examples[0]
     if any(type(e) is not type(first) for e in examples):
         raise TypeError("a batch must hold examples of one task kind")
     if isinstance(first, GenerateExample):
-        return collate_generate(examples, n_acts)  # type: ignore[arg-type]
+        return collate_generate(examples, n_acts, pad_to)  # type: ignore[arg-type]
     if isinstance(first, SelectExample):
-        return collate_select(examples)  # type: ignore[arg-type]
+        return collate_select(examples, pad_to)  # type: ignore[arg-type]
     if isinstance(first, LMExample):
-        return collate_lm(examples)  # type: ignore[arg-type]
+        return collate_lm(examples, pad_to)  # type: ignore[arg-type]
     raise TypeError(f"not an example: {type(first).__name__}")
 
 
 # --------------------------------------------------------------------------- batching
-
-BUCKET_BATCHES = 50  # batches per sorting window: long enough to group lengths, short
-# enough that an epoch's batches still mix lengths.
-
-
-def plan_batches(
-    lengths: np.ndarray,
-    batch_size: int,
-    *,
-    shuffle: bool = True,
-    seed: int = 0,
-    epoch: int = 0,
-    bucket: bool = True,
-    drop_last: bool = False,
-    world_size: int = 1,
-) -> list[list[int]]:
-    """Every batch of one epoch, as lists of example indices; rank r takes ``[r::world_size]``.
-
-    Order: a seeded permutation (``shuffle``), sorted by length within windows of
-    ``BUCKET_BATCHES`` batches (``bucket``), cut into batches, batch order shuffled. The
-    count is then made a multiple of ``world_size``: ``drop_last`` drops the partial batch
-    and the remainder; otherwise the largest batches are split (or, with fewer examples
-    than ranks, batches repeated from the start).
-    """
-    n = len(lengths)
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(n) if shuffle else np.arange(n)
-    if bucket:
-        window = BUCKET_BATCHES * batch_size
-        for start in range(0, n, window):
-            chunk = order[start : start + window]
-            order[start : start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
-    batches = [order[i : i + batch_size].tolist() for i in range(0, n, batch_size)]
-    if drop_last and batches and len(batches[-1]) < batch_size:
-        batches.pop()
-    if shuffle:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
-    if drop_last:
-        return batches[: len(batches) - len(batches) % world_size]
-    return _even_out(batches, world_size)
-
-
-def _even_out(batches: list[list[int]], world_size: int) -> list[list[int]]:
-    """Split the largest batches in two until the count divides by ``world_size``."""
-    batches = list(batches)
-    while batches and len(batches) % world_size:
-        i = max(range(len(batches)), key=lambda k: (len(batches[k]), -k))
-        if len(batches[i]) < 2:
-            # Fewer examples than ranks: repeat batches (the only way to keep ranks in step).
-            need = world_size - len(batches) % world_size
-            batches.extend(batches[k % len(batches)] for k in range(need))
-            break
-        half = (len(batches[i]) + 1) // 2
-        batches[i : i + 1] = [batches[i][:half], batches[i][half:]]
-    return batches
 
 
 class BatchLoader:
     """Padded batches of a dataset for one rank; call ``set_epoch`` before each epoch.
 
     Every rank builds the same epoch plan from (seed, epoch) and takes every
-    ``world_size``-th batch from ``rank``: disjoint slices, equal counts. ``num_workers > 0``
-    collates in worker processes (each maps the shards itself).
+    ``world_size``-th batch from ``rank``: disjoint slices, equal counts. ``batch_tokens``
+    (this rank's budget) batches by padded tokens instead of ``batch_size`` examples
+    (``plans.plan_token_batches``). ``pad_to`` rounds every token length up to its multiple.
+    ``num_workers > 0`` collates in worker processes (each maps the shards itself).
     """
 
     def __init__(
@@ -360,6 +344,8 @@ class BatchLoader:
         drop_last: bool = False,
         num_workers: int = 0,
         pin_memory: bool = False,
+        batch_tokens: int | None = None,
+        pad_to: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -375,8 +361,12 @@ class BatchLoader:
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.pin_memory = pin_memory
+        self.batch_tokens = batch_tokens
+        self.pad_to = pad_to
         self.epoch = 0
         self._lengths = dataset.lengths() if bucket else np.zeros(len(dataset), dtype=np.int64)
+        self._sizes = dataset.token_counts() if batch_tokens is not None else None
+        self._token_plan: tuple[int, list[list[int]]] | None = None  # (epoch, its plan)
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
@@ -386,9 +376,23 @@ class BatchLoader:
         if isinstance(self.dataset, ExampleDataset):
             self.dataset.set_epoch(epoch, self.seed)
 
-    def batches(self) -> list[list[int]]:
-        """This rank's batches of the current epoch, as example indices."""
-        plan = plan_batches(
+    def _plan(self) -> list[list[int]]:
+        """Every rank's batches of the current epoch."""
+        if self._sizes is not None:
+            assert self.batch_tokens is not None
+            if self._token_plan is None or self._token_plan[0] != self.epoch:
+                plan = plan_token_batches(
+                    self._sizes,
+                    self.batch_tokens,
+                    shuffle=self.shuffle,
+                    seed=self.seed,
+                    epoch=self.epoch,
+                    world_size=self.world_size,
+                    pad_to=self.pad_to,
+                )
+                self._token_plan = (self.epoch, plan)
+            return self._token_plan[1]
+        return plan_batches(
             self._lengths,
             self.batch_size,
             shuffle=self.shuffle,
@@ -398,9 +402,18 @@ class BatchLoader:
             drop_last=self.drop_last,
             world_size=self.world_size,
         )
-        return plan[self.rank :: self.world_size]
+
+    def batches(self) -> list[list[int]]:
+        """This rank's batches of the current epoch, as example indices."""
+        return self._plan()[self.rank :: self.world_size]
+
+    def collate(self, examples: Sequence[Example]) -> Batch:
+        """``examples`` as one padded batch, as this loader pads them."""
+        return self.dataset.collate(examples, self.pad_to)
 
     def __len__(self) -> int:
+        if self._sizes is not None:  # the count varies with the epoch's draw of lengths
+            return len(self._plan()) // self.world_size
         n = len(self.dataset)
         full, partial = divmod(n, self.batch_size)
         if self.drop_last:
@@ -413,12 +426,12 @@ class BatchLoader:
             loader = DataLoader(
                 self.dataset,
                 batch_sampler=plan,
-                collate_fn=self.dataset.collate,
+                collate_fn=self.collate,
                 num_workers=self.num_workers,
                 pin_memory=self.pin_memory,
             )
             yield from loader
             return
         for indices in plan:
-            batch = self.dataset.collate([self.dataset[i] for i in indices])
+            batch = self.collate([self.dataset[i] for i in indices])
             yield batch.pin_memory() if self.pin_memory else batch

@@ -432,18 +432,3 @@ def verify_shard(path: Path, info: ShardFile, corpus: str | None = None) -> None
             f"(a disk fault, or something wrote into it); {_rebuild_hint(path, info, corpus)}",
         )
     _VERIFIED.add(key)
-
-
-def verify_shards(root: str | Path) -> None:
-    """Check every shard's sha256 against the manifest (reads every byte, every call)."""
-    root = Path(root)
-    manifest = read_manifest(root)
-    infos = [i for splits in manifest.shards.values() for files in splits.values() for i in files]
-    for info in [*infos, *manifest.pools.values()]:
-        path = root / info.file
-        if not path.is_file() or _sha256(path) != info.sha256:
-            raise DataError(
-                path,
-                "sha256 differs from the manifest (or the file is missing); "
-                + _rebuild_hint(path, info, manifest.corpus),
-            )

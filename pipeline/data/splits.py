@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 from collections.abc import Iterable
 
 from pipeline.config import SplitParams
@@ -53,9 +54,7 @@ def assign_splits(ids: Iterable[str], params: SplitParams) -> dict[str, Split]:
             raise ValueError(f"duplicate dialogue id {dialogue_id!r}: ids must be unique to split")
         unique.add(dialogue_id)
     ranked = sorted(unique, key=lambda i: (_rank_key(params.seed, i), i))
-    n = len(ranked)
-    n_test = min(round(n * params.test), n)
-    n_valid = min(round(n * params.valid), n - n_test)
+    _, n_valid, n_test = split_sizes(len(ranked), params)
     assignment: dict[str, Split] = {}
     for rank, dialogue_id in enumerate(ranked):
         if rank < n_test:
@@ -65,3 +64,29 @@ def assign_splits(ids: Iterable[str], params: SplitParams) -> dict[str, Split]:
         else:
             assignment[dialogue_id] = Split.TRAIN
     return assignment
+
+
+def split_sizes(n: int, params: SplitParams) -> tuple[int, int, int]:
+    """How many of ``n`` dialogues the seeded split gives train, valid and test (Python's
+    ``round``: 0.5 rounds to 0, so 5 dialogues at 10% give valid none)."""
+    n_test = min(round(n * params.test), n)
+    n_valid = min(round(n * params.valid), n - n_test)
+    return n - n_test - n_valid, n_valid, n_test
+
+
+def fewest_dialogues(params: SplitParams) -> int:
+    """The fewest dialogues whose seeded split gives every split one or more; a split with
+    a fraction of 0 is left out (it never gets one)."""
+    fractions = (1.0, params.valid, params.test)  # train takes what the others leave
+    wanted = [i for i, fraction in enumerate(fractions) if fraction > 0]
+    # below 0.5 / fraction dialogues a split rounds to none: start the search there
+    n = max(len(wanted), math.floor(0.5 / min(fractions[i] for i in wanted)))
+    while any(split_sizes(n, params)[i] < 1 for i in wanted):
+        n += 1
+    return n
+
+
+def held_out_split(split: SplitParams) -> SplitParams:
+    """``train_on: valid``'s seeded split of a corpus's validation dialogues into train and
+    valid: ``split`` without its test share (the test dialogues stay the corpus's own)."""
+    return SplitParams(seed=split.seed, valid=split.valid, test=0.0)

@@ -26,6 +26,7 @@ from pipeline.artifacts import (
 from pipeline.config import CorpusParams, Params, SplitParams, TokenizeParams
 from pipeline.data.acts import ActInventory
 from pipeline.data.corpora import CorpusSpec, corpus_spec, read_corpus
+from pipeline.data.coverage import check_every_split
 from pipeline.data.dialogue import Dialogue
 from pipeline.data.encoding import EncodedDialogue, EncodeOptions, encode_dialogues, vocab_texts
 from pipeline.data.examples import build_generate, build_lm, build_select
@@ -33,7 +34,7 @@ from pipeline.data.formats import ParseStats
 from pipeline.data.records import ExampleTable
 from pipeline.data.shards import write_manifest, write_shards
 from pipeline.data.special import MODEL_ONLY_TOKENS
-from pipeline.data.splits import Split, assign_splits
+from pipeline.data.splits import Split, assign_splits, held_out_split
 from pipeline.data.vocab import Vocab, build_vocab
 from pipeline.errors import ConfigError, DataError
 from pipeline.names import Task
@@ -50,9 +51,7 @@ def read_splits(
     root = raw_dir
     if spec.bundled is not None and (raw_dir is None or not raw_dir.is_dir()):
         root = None  # shipped in a package: the raw folder is optional
-    options: dict[str, Any] = {}
-    if "sentences_per_document" in spec.options:
-        options["sentences_per_document"] = corpus.lm.sentences_per_document
+    options = spec.params_options(corpus)
     dialogues = read_corpus(
         name,
         root,
@@ -87,7 +86,7 @@ def _valid_as_train(dialogues: Iterable[Dialogue], split: SplitParams) -> list[D
     dialogues become the training split but for a seeded ``split.valid`` fraction held out
     for validation; the test dialogues stay the corpus's own."""
     kept = [d for d in dialogues if d.meta.get("split") != Split.TRAIN]
-    held_out = SplitParams(seed=split.seed, valid=split.valid, test=0.0)
+    held_out = held_out_split(split)
     valid_ids = [d.id for d in kept if d.meta.get("split") == Split.VALID]
     assignment = assign_splits(valid_ids, held_out)
     return [
@@ -198,6 +197,7 @@ def tokenize_corpus(
         for path in (out / stale.value).glob("*.arrow"):
             path.unlink()
     manifest = written.record(name, vocab, options.inventory, stats, raw, params, corpus)
+    check_every_split(name, corpus, manifest.counts, by_split, raw)
     write_manifest(out, manifest)
     return manifest
 

@@ -39,7 +39,19 @@ class Metric:
 CI_SUFFIX = "_ci95"  # half-width of the 95% interval over seeds, beside each mean
 N_EXAMPLES = Metric("n_examples", "Examples", 0)
 
-# Training (the train record; ``train.loop.final_metrics``): token cross-entropy in nats
+# How a streamed LM evaluation scored (``eval.language``): context and stride in the
+# model's stream unit; without them a run was scored per document.
+LM_STREAM = {
+    unit: (
+        Metric(f"lm_stream_context_{unit}", f"Stream context ({unit})", 0),
+        Metric(f"lm_stream_stride_{unit}", f"Stream stride ({unit})", 0),
+    )
+    for unit in ("tokens", "sentences")
+}
+# Keys that record a setting, not a measurement: no interval over seeds beside them.
+SETTINGS = frozenset({N_EXAMPLES.key, *(m.key for pair in LM_STREAM.values() for m in pair)})
+
+# Training (the train record; ``train.checkpoint.final_metrics``): token cross-entropy in nats
 # for generate and lm models, the ranking loss (``models.base.candidate_bce``) for select.
 VALID_LOSS = Metric("best_valid_loss", "Valid loss", 3, Better.LOWER)
 VALID_SCORE = Metric("best_valid_score", "Valid score", 2)

@@ -1,38 +1,32 @@
 """Word vectors for the embedding metrics: word2vec trained on the training split, or a file.
 
 The U-Net paper scores responses with word2vec embeddings (ChatEval). By default we train a
-gensim word2vec on the TRAINING split's turns, tokenised like the vocabulary
-(``pipeline.data.vocab.word_tokenize``) so that every decoded word can have a vector;
-users may instead supply pre-trained vectors (e.g. GoogleNews) in word2vec text or binary
-format, or GloVe's header-less text format.
+gensim word2vec on the TRAINING split's responses, decoded and split into words as the
+metrics split them (``eval.generation.embedding_vectors``), so that every word a model can
+emit and that occurs in training has a vector; users may instead supply pre-trained
+vectors (e.g. GoogleNews) in word2vec text or binary format, or GloVe's header-less text
+format.
 
 Training is deterministic for a seed with ``workers=1``: gensim initialises vectors from
 ``numpy.random.default_rng(seed)`` and draws negatives/down-sampling from a generator
 seeded the same way; several workers interleave updates in thread order.
+
+gensim is imported where vectors are trained or read, not with this module: the evaluation
+code that imports this module also runs where gensim is not installed (``bench.gpu_check``
+on a bare GPU machine), which never computes these metrics.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gensim.models import KeyedVectors, Word2Vec
-
-from pipeline.data.dialogue import Dialogue
-from pipeline.data.vocab import word_tokenize
 from pipeline.errors import DataError
 
-
-def dialogue_sentences(
-    dialogues: Iterable[Dialogue], lowercase: bool = True
-) -> Iterator[list[str]]:
-    """Each non-empty turn of ``dialogues`` as a list of words (the vocabulary's tokenizer)."""
-    for dialogue in dialogues:
-        for turn in dialogue.turns:
-            tokens = word_tokenize(turn.text, lowercase)
-            if tokens:
-                yield tokens
+if TYPE_CHECKING:
+    from gensim.models import KeyedVectors
 
 
 def train_word2vec(
@@ -60,6 +54,8 @@ def train_word2vec(
     counts = Counter(w for s in corpus for w in s)
     if max(counts.values()) < min_count:
         raise ValueError(f"train_word2vec: no word occurs min_count={min_count} times")
+    from gensim.models import Word2Vec
+
     model = Word2Vec(
         sentences=corpus,
         vector_size=dim,
@@ -119,15 +115,10 @@ def load_vectors(path: str | Path, binary: bool | None = None) -> KeyedVectors:
     sniffed_binary, has_header = sniff_format(path)
     if binary is None:
         binary = sniffed_binary
+    from gensim.models import KeyedVectors
+
     try:
         return KeyedVectors.load_word2vec_format(str(path), binary=binary, no_header=not has_header)
     except (ValueError, EOFError, UnicodeDecodeError, IndexError) as err:
         kind = "binary" if binary else "text"
         raise DataError(path, f"cannot read word2vec {kind} vectors: {err}") from None
-
-
-def save_vectors(vectors: KeyedVectors, path: str | Path, binary: bool = False) -> None:
-    """Write ``vectors`` in word2vec format (text by default), creating parent folders."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    vectors.save_word2vec_format(str(path), binary=binary)

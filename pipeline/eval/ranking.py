@@ -17,13 +17,8 @@ For DSTC7 subtask 4, score the virtual NONE candidate first (``rankers.append_no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
-
-DEFAULT_KS = (1, 10, 50)
 
 
 def _check(scores: Tensor, labels: Tensor) -> None:
@@ -74,40 +69,3 @@ def mrr_from_ranks(ranks: Tensor) -> float:
         raise ValueError("ranks: no examples")
     reciprocal = torch.where(ranks > 0, 1.0 / ranks.clamp(min=1).double(), 0.0)
     return float(reciprocal.mean())
-
-
-def recall_at_k(scores: Tensor, labels: Tensor, k: int) -> float:
-    """Recall@k of N: share of examples with a correct candidate ranked in the top ``k``."""
-    return recall_from_ranks(first_correct_ranks(scores, labels), k)
-
-
-def mrr(scores: Tensor, labels: Tensor) -> float:
-    """Mean reciprocal rank of the first correct candidate."""
-    return mrr_from_ranks(first_correct_ranks(scores, labels))
-
-
-@dataclass(frozen=True)
-class RankingSummary:
-    """Recall@k for each k, MRR, and how many examples / candidates they cover."""
-
-    recall: dict[int, float]
-    mrr: float
-    n_examples: int
-    n_candidates: int
-
-    def as_dict(self) -> dict[str, float]:
-        """Flat ``{"recall@1": .., "mrr": ..}`` for logging."""
-        return {**{f"recall@{k}": v for k, v in self.recall.items()}, "mrr": self.mrr}
-
-
-def ranking_summary(
-    scores: Tensor, labels: Tensor, ks: Sequence[int] = DEFAULT_KS
-) -> RankingSummary:
-    """Recall@k for every ``k`` in ``ks`` (DSTC7 reports 1/10/50 of 100) and MRR."""
-    ranks = first_correct_ranks(scores, labels)
-    return RankingSummary(
-        recall={k: recall_from_ranks(ranks, k) for k in ks},
-        mrr=mrr_from_ranks(ranks),
-        n_examples=int(scores.shape[0]),
-        n_candidates=int(scores.shape[1]),
-    )

@@ -17,13 +17,19 @@ and writes, through the stage contract (``pipeline.artifacts``):
 
 The metrics of each seed are also logged to that seed's training run in MLflow (the ids
 are in the train manifest), prefixed ``eval/``.
+
+On CUDA a seed is evaluated under bf16 autocast at the largest test batch that fits
+(``collect.LargestBatch``: from ``collect.first_eval_batch``, halved on out-of-memory and
+the evaluation started over; the size found carries over to the next seed). On CPU it is
+evaluated at ``evaluate.batch_size``, in fp32, as it always was.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +60,16 @@ from pipeline.config import (
 from pipeline.data.corpora import corpus_spec
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.splits import Split
-from pipeline.eval.collect import Evaluator, SeedResult, aggregate, n_test_batches
+from pipeline.eval.collect import (
+    Evaluator,
+    LargestBatch,
+    SeedResult,
+    aggregate,
+    batch_limit,
+    eval_autocast,
+    first_eval_batch,
+    n_test_batches,
+)
 from pipeline.eval.generation import GenerateEvaluator, embedding_vectors
 from pipeline.eval.language import LMEvaluator
 from pipeline.eval.selection import SelectEvaluator
@@ -123,7 +138,8 @@ def evaluate_run(
 class SeedEvaluation:
     """The evaluation of one trained seed: picklable, so a Ray task can run it where the
     seed's training ran (paths are absolute; ``vectors``: the embedding metrics' word
-    vectors, built once by the driver)."""
+    vectors, built once by the driver; ``batch``: the test batch size that fitted the
+    device, carried from seed to seed)."""
 
     settings: EvalSettings
     model_name: str
@@ -132,24 +148,33 @@ class SeedEvaluation:
     key: str
     progress: bool | Mode
     vectors: Any
+    batch: LargestBatch = field(default_factory=LargestBatch, compare=False)
 
     def __call__(self, seed: TrainedSeed) -> SeedResult:
         layout = Layout(self.root)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         task = registry.spec(self.model_name).task
         dataset = open_split(layout.shards(self.corpus), task, Split.TEST)
-        evaluate = _evaluator(self, task, layout, device)
+        evaluator = _evaluator(self, task, layout, device)
         model = load_model(layout.resolve(seed.checkpoint), device)
         ev = self.settings.evaluate
-        bar = Reporter(
-            f"evaluate {self.key} (seed {seed.seed})",
-            n_test_batches(dataset, ev.batch_size, ev.max_batches),
-            unit="batch",
-            units="batches",
-            show=self.progress,
-        )
-        with torch.no_grad(), bar:
-            return evaluate(model, dataset, bar, seed.seed)
+
+        def attempt(size: int) -> SeedResult:
+            limit = batch_limit(ev.max_batches, ev.batch_size, size)
+            settings = ev.model_copy(update={"batch_size": size, "max_batches": limit})
+            evaluate = dataclasses.replace(evaluator, settings=settings)
+            bar = Reporter(
+                f"evaluate {self.key} (seed {seed.seed})",
+                n_test_batches(dataset, size, limit),
+                unit="batch",
+                units="batches",
+                show=self.progress,
+            )
+            with torch.no_grad(), eval_autocast(device), bar:
+                return evaluate(model, dataset, bar, seed.seed)
+
+        start = first_eval_batch(ev.batch_size, device, grow=ev.max_batches is None)
+        return self.batch.run(attempt, start)
 
 
 def _on_cluster(
@@ -160,7 +185,7 @@ def _on_cluster(
 
     gpus = placement.gpus_per_worker if use_gpu(placement) else 0
     with ray_cluster():
-        data = job.root / "data"  # the shards, the exported models, MultiWOZ's database
+        data = Layout(job.root).data_dir  # the shards, the exported models, MultiWOZ's database
         require_shared(data, "project", "the models and test data are under", PROJECT_ON_SHARED_FS)
         task = ray.remote(_run_seed).options(num_cpus=placement.cpus_per_worker, num_gpus=gpus)
         return ray.get([task.remote(job, seed) for seed in seeds])

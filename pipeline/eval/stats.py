@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from scipy import stats as sps
 
 H = TypeVar("H")
 R = TypeVar("R")
@@ -81,6 +80,8 @@ def mean_ci(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> M
     if n == 1:
         return MeanCI(mean, math.nan, 1, confidence)
     sem = float(array.std(ddof=1)) / math.sqrt(n)
+    from scipy import stats as sps  # here: the training loop imports this module
+
     half = float(sps.t.ppf((1.0 + confidence) / 2.0, n - 1)) * sem
     return MeanCI(mean, half, n, confidence)
 
@@ -180,5 +181,7 @@ def pearson(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) ->
     with warnings.catch_warnings():
         # n == 2 gives r = +-1 exactly; scipy warns about it, the result is still right.
         warnings.simplefilter("ignore", RuntimeWarning)
+        from scipy import stats as sps
+
         result = sps.pearsonr(xs, ys)
     return Correlation(float(result.statistic), float(result.pvalue), int(xs.size))

@@ -34,13 +34,13 @@ has none scores 0; greedy matching scores 0 when either side is empty. Systems w
 responses are sometimes empty are therefore averaged over fewer pairs: the skipped count
 says how many.
 
-BLEU is sacrebleu's (corpus BLEU, and sentence BLEU with effective order for per-example
-use). HIER computed BLEU with the start token still in the text; ``strip_special`` removes
-``<pad> <bos> <eos> <sep>`` first (``<unk>`` is a real output word and stays). sacrebleu's
-default ``13a`` tokenizer is right for detokenised text; for pre-tokenised delexicalised
-MultiWOZ text, ``tokenize="none"`` splits on spaces only, like the official MultiWOZ scorer
-(``13a`` would cut ``[hotel_name]`` into three tokens). The report prints sacrebleu's
-signature (:func:`bleu_signature`) under every table with BLEU.
+BLEU is sacrebleu's corpus BLEU (per example, its sufficient statistics: ``bleu_stats``,
+which the bootstrap sums). HIER computed BLEU with the start token still in the text;
+``strip_special`` removes ``<pad> <bos> <eos> <sep>`` first (``<unk>`` is a real output
+word and stays). sacrebleu's default ``13a`` tokenizer is right for detokenised text; for
+pre-tokenised delexicalised MultiWOZ text, ``tokenize="none"`` splits on spaces only, like
+the official MultiWOZ scorer (``13a`` would cut ``[hotel_name]`` into three tokens). The
+report prints sacrebleu's signature (:func:`bleu_signature`) under every table with BLEU.
 
 ``wrapped_bleu`` is the HT-Encoder paper's convention (the ``BLEUScorer`` of the MultiWOZ
 and HDSA code with "Shawn's evaluation" on, which HIER's scorer keeps): whitespace tokens,
@@ -59,13 +59,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import sacrebleu
 from numpy.typing import ArrayLike
 
 from pipeline.data.special import SPECIAL_TOKENS, UNK
+
+if TYPE_CHECKING:  # imported where BLEU is computed: training imports this module
+    import sacrebleu
 
 DEFAULT_TOKENIZE = "13a"
 _STRIPPED = tuple(t for t in SPECIAL_TOKENS if t != UNK)
@@ -258,10 +260,12 @@ def strip_special(text: str) -> str:
 
 
 @cache
-def _bleu(tokenize: str, sentence: bool = False) -> sacrebleu.BLEU:
+def _bleu(tokenize: str) -> sacrebleu.BLEU:
+    import sacrebleu
+
     # force: pipeline text is tokenised on purpose; don't warn about " ." line endings.
     try:
-        return sacrebleu.BLEU(tokenize=tokenize, effective_order=sentence, force=True)
+        return sacrebleu.BLEU(tokenize=tokenize, force=True)
     except KeyError:
         raise ValueError(
             f"tokenize: unknown sacrebleu tokenizer {tokenize!r} (use '13a', 'none', 'intl', ...)"
@@ -327,15 +331,6 @@ def wrapped_bleu_from_stats(stats: np.ndarray, refs: object = None) -> float:
     brevity = 1.0 if hyp_len > ref_len else math.exp(1 - ref_len / hyp_len)
     precisions = [m / (t + 1e-7) + 1e-7 for m, t in zip(matched, counted, strict=True)]
     return 100.0 * brevity * math.exp(sum(0.25 * math.log(p) for p in precisions))
-
-
-def sentence_bleu(hyp: str, ref: str, tokenize: str = DEFAULT_TOKENIZE) -> float:
-    """sacrebleu sentence BLEU (0-100, exp smoothing, effective order) of one pair."""
-    return float(
-        _bleu(tokenize, sentence=True)
-        .sentence_score(strip_special(hyp), [strip_special(ref)])
-        .score
-    )
 
 
 def bleu_stats(

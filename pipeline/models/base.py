@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -40,7 +40,13 @@ class BlockDims:
     """The sizes and dropouts of one Transformer layer, the one value every shared block
     takes (as nanoGPT's ``Block(config)``): width, heads, FFN width, dropout of embeddings,
     residual branches and FFN, per-head size (``None``: ``d_model // n_heads``), congruent
-    attention (W_q = W_k) and the attention-probability dropout (``None``: ``dropout``)."""
+    attention (W_q = W_k) and the attention-probability dropout (``None``: ``dropout``).
+
+    The language models' recipe (``TransformerLMConfig``) sets the dropout of each site on
+    its own, ``None`` meaning ``dropout``: ``input_dropout`` (embeddings + positions, where
+    a ``stack.Stack`` adds them), ``attention_output_dropout`` (the attention branch
+    before its residual add), ``ffn_dropout`` (the FFN's inner activation and its branch);
+    ``locked``: their masks are one per sequence (``models.dropout.SiteDropout``)."""
 
     d_model: int
     n_heads: int
@@ -49,11 +55,31 @@ class BlockDims:
     d_head: int | None = None
     congruent: bool = False
     attention_dropout: float | None = None
+    locked: bool = False
+    input_dropout: float | None = None
+    attention_output_dropout: float | None = None
+    ffn_dropout: float | None = None
 
     @property
     def attention_dropout_p(self) -> float:
         """The attention-probability dropout in effect."""
         return self.dropout if self.attention_dropout is None else self.attention_dropout
+
+    @property
+    def input_p(self) -> float:
+        """The dropout in effect at the input."""
+        return self.dropout if self.input_dropout is None else self.input_dropout
+
+    @property
+    def attention_output_p(self) -> float:
+        """The dropout in effect on the attention branch."""
+        p = self.attention_output_dropout
+        return self.dropout if p is None else p
+
+    @property
+    def ffn_p(self) -> float:
+        """The dropout in effect in the FFN and on its branch."""
+        return self.dropout if self.ffn_dropout is None else self.ffn_dropout
 
 
 class AttentionModelConfig(ModelConfig):
@@ -101,6 +127,53 @@ class AttentionModelConfig(ModelConfig):
             attention_dropout=self.attention_dropout,
         )
         return dataclasses.replace(dims, **changes)
+
+
+class TransformerLMConfig(AttentionModelConfig):
+    """A Transformer language model's config with the regularisers of the Transformer-XL PTB
+    recipe (github ischlag/Fast-Weight-Memory-public, ``language-modelling/
+    transformer_xl_ptb/``; DESIGN.md, "The language models' regularisers"). All off by
+    default: today's models, bit for bit. Each ``*_dropout`` site left ``None`` takes
+    ``dropout``; with ``locked_dropout`` its mask is one per sequence."""
+
+    locked_dropout: bool = Field(
+        False,
+        description="one dropout mask per sequence ([B, 1, d]) at the input, attention-output, "
+        "FFN and output sites (AWD's LockedDropout), instead of one per position",
+    )
+    input_dropout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="token embeddings + positions (null: dropout)"
+    )
+    attention_output_dropout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="the attention branch before its residual add"
+    )
+    ffn_dropout: float | None = Field(
+        None, ge=0.0, lt=1.0, description="the FFN's inner activation and its branch"
+    )
+    output_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="the final hidden states, before the output projection"
+    )
+    embedding_dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="word types: whole embedding rows dropped per step"
+    )
+    ar_alpha: float = Field(
+        0.0, ge=0.0, description="activation regularisation: alpha * mean(h^2), training only"
+    )
+    tar_beta: float = Field(
+        0.0,
+        ge=0.0,
+        description="temporal activation regularisation: beta * mean((h_t - h_{t-1})^2)",
+    )
+
+    def block(self, **changes: Any) -> BlockDims:
+        """The block dims, with this config's dropout sites (``changes`` override them)."""
+        sites = {
+            "locked": self.locked_dropout,
+            "input_dropout": self.input_dropout,
+            "attention_output_dropout": self.attention_output_dropout,
+            "ffn_dropout": self.ffn_dropout,
+        }
+        return super().block(**{**sites, **changes})
 
 
 def head_size(width: int, n_heads: int, d_head: int | None = None, field: str = "n_heads") -> int:
@@ -170,6 +243,9 @@ class Seq2SeqModel(nn.Module):
     """
 
     task = Task.GENERATE
+    # False where torch.compile cannot pay (RNNs, data-dependent recurrences): the
+    # loop's ``compile: auto`` then trains the model eagerly (``train.steps.compiles``).
+    supports_compile: ClassVar[bool] = True
     config: ModelConfig
 
     def encode(self, batch: GenerateBatch) -> object:
@@ -210,6 +286,9 @@ class SelectModel(nn.Module):
     """Scores candidates for a context: ``score(batch) -> [B, N]`` logits."""
 
     task = Task.SELECT
+    # False where torch.compile cannot pay (RNNs, data-dependent recurrences): the
+    # loop's ``compile: auto`` then trains the model eagerly (``train.steps.compiles``).
+    supports_compile: ClassVar[bool] = True
     config: ModelConfig
 
     def score(self, batch: SelectBatch) -> Tensor:
@@ -243,21 +322,80 @@ def example_loss(per_example: Tensor) -> LossOutput:
     )
 
 
+@dataclass(frozen=True)
+class TokenScores:
+    """A language model's pass over a batch: ``nll`` ``[B, S, Ls]`` (0 at padding) and, for
+    the activation regularisers, the final hidden states ``hidden`` ``[..., L, d]`` (before
+    any output dropout) with ``hidden_mask`` ``[..., L]``, True where a position predicts a
+    real token; consecutive positions of a row are consecutive in time."""
+
+    nll: Tensor
+    hidden: Tensor | None = None
+    hidden_mask: Tensor | None = None
+
+
 class LanguageModel(nn.Module):
     """Scores documents; ``token_nll(batch)`` gives ``[B, S, Ls]`` NLL of each sentence token
-    (0 at padding) so flat and hierarchical models are compared on the same tokens."""
+    (0 at padding) so flat and hierarchical models are compared on the same tokens.
+
+    A model implements ``token_nll``, or ``score_tokens`` (and ``token_nll`` from it) to give
+    ``loss`` the hidden states that AR/TAR (``TransformerLMConfig``) regularise.
+    ``stream_unit``: what an evaluation streamed over the test text (``eval.language``)
+    slides its window by, tokens or whole sentences.
+    """
 
     task = Task.LM
+    # False where torch.compile cannot pay (RNNs, data-dependent recurrences): the
+    # loop's ``compile: auto`` then trains the model eagerly (``train.steps.compiles``).
+    supports_compile: ClassVar[bool] = True
     config: ModelConfig
+    stream_unit: ClassVar[Literal["tokens", "sentences"]] = "tokens"
 
     def token_nll(self, batch: LMBatch) -> Tensor:
         raise NotImplementedError
 
+    def score_tokens(self, batch: LMBatch) -> TokenScores:
+        """``token_nll`` and, where the model gives them, its final hidden states."""
+        return TokenScores(self.token_nll(batch))
+
     def loss(self, batch: LMBatch) -> LossOutput:
-        nll = self.token_nll(batch)
+        """Mean token NLL; in training plus AR and TAR where the config sets them (logged
+        as ``terms`` ``ar``/``tar``, never part of ``nll_sum``)."""
+        scores = self.score_tokens(batch)
         n = batch.sentence_mask.sum()
-        total = (nll * batch.sentence_mask).sum()
-        return LossOutput(loss=total / n.clamp(min=1), nll_sum=total.detach(), n_tokens=n)
+        total = (scores.nll * batch.sentence_mask).sum()
+        loss = total / n.clamp(min=1)
+        terms: dict[str, Tensor] = {}
+        if self.training and isinstance(self.config, TransformerLMConfig):
+            terms = activation_terms(scores, self.config.ar_alpha, self.config.tar_beta)
+        for term in terms.values():
+            loss = loss + term
+        terms = {name: term.detach() for name, term in terms.items()}
+        return LossOutput(loss=loss, nll_sum=total.detach(), n_tokens=n, terms=terms)
+
+
+def activation_terms(scores: TokenScores, ar_alpha: float, tar_beta: float) -> dict[str, Tensor]:
+    """AR and TAR (Merity et al. 2017) over the real positions of ``scores.hidden``, in float32:
+    ``ar`` = ``ar_alpha`` x the mean of h^2 over real positions and features; ``tar`` =
+    ``tar_beta`` x the mean of (h_t - h_{t-1})^2 over pairs of consecutive real positions.
+    Both on the hidden states before output dropout, as the Transformer-XL PTB code has
+    them (``train.py`` l. 370-376 on ``transformer_xl.py`` l. 356's undropped ``hidden``;
+    AWD-LSTM puts AR on the dropped ones). Only the terms with a non-zero weight."""
+    if not (ar_alpha or tar_beta):
+        return {}
+    if scores.hidden is None or scores.hidden_mask is None:
+        raise ValueError("AR/TAR need the model's hidden states: implement score_tokens")
+    hidden, mask = scores.hidden.float(), scores.hidden_mask
+    width = hidden.shape[-1]
+    terms = {}
+    if ar_alpha:
+        real = mask.unsqueeze(-1).float()
+        terms["ar"] = ar_alpha * (hidden.pow(2) * real).sum() / (real.sum() * width).clamp(min=1)
+    if tar_beta:
+        pairs = (mask[..., 1:] & mask[..., :-1]).unsqueeze(-1).float()
+        step = hidden[..., 1:, :] - hidden[..., :-1, :]
+        terms["tar"] = tar_beta * (step.pow(2) * pairs).sum() / (pairs.sum() * width).clamp(min=1)
+    return terms
 
 
 def masked_token_nll(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:

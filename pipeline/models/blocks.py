@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from pipeline.models.base import BlockDims, select_batch_dim
+from pipeline.models.dropout import SiteDropout
+from pipeline.models.flex import FlexMask
 from pipeline.models.layers import (
     FeedForward,
     KVCache,
@@ -27,7 +29,8 @@ class EncoderLayer(nn.Module):
 
     With ``causal=True`` in ``forward`` it is a decoder-only (GPT) block. ``dropout`` applies
     to the residual branches and the FFN; ``attention_dropout`` to the attention
-    probabilities (``None``: the same as ``dropout``).
+    probabilities (``None``: the same as ``dropout``); a language model's recipe sets the
+    attention branch's and the FFN's on their own, locked or not (``BlockDims``).
     """
 
     def __init__(self, dims: BlockDims) -> None:
@@ -39,23 +42,24 @@ class EncoderLayer(nn.Module):
             dropout=dims.attention_dropout_p,
             congruent=dims.congruent,
         )
-        self.ffn = FeedForward(dims.d_model, dims.d_ff, dims.dropout)
+        self.ffn = FeedForward(dims.d_model, dims.d_ff, dims.ffn_p, locked=dims.locked)
         self.norm_attn = nn.LayerNorm(dims.d_model)
         self.norm_ffn = nn.LayerNorm(dims.d_model)
-        self.dropout = nn.Dropout(dims.dropout)
+        self.attn_dropout = SiteDropout(dims.attention_output_p, dims.locked)
+        self.ffn_dropout = SiteDropout(dims.ffn_p, dims.locked)
 
     def forward(
         self,
         x: Tensor,
-        mask: Tensor | None = None,
+        mask: Tensor | FlexMask | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
         groups: TokenGroups | Sequence[TokenGroups] | None = None,
     ) -> Tensor:
         """``x`` ``[B, L, d]``, or ``[n, d]`` tokens attending as ``groups`` say."""
         h = self.attn(x, mask=mask, causal=causal, cache=cache, groups=groups)
-        x = self.norm_attn(x + self.dropout(h))
-        return self.norm_ffn(x + self.dropout(self.ffn(x)))
+        x = self.norm_attn(x + self.attn_dropout(h))
+        return self.norm_ffn(x + self.ffn_dropout(self.ffn(x)))
 
 
 class EncoderStack(nn.ModuleList):
@@ -72,7 +76,7 @@ class EncoderStack(nn.ModuleList):
     def forward(
         self,
         x: Tensor,
-        mask: Tensor | None = None,
+        mask: Tensor | FlexMask | None = None,
         causal: bool = False,
         keep: Tensor | None = None,
     ) -> Tensor:

@@ -24,6 +24,16 @@ stage-1 NLL is not a language-model score); stage 2 trains the document block al
 through the frozen encoder/decoder. ``set_stage`` switches and (un)freezes;
 ``stage_for_step`` maps a training step to the stage (stage 1 for the first
 ``stage_one_steps`` steps).
+
+The Transformer-XL PTB recipe's regularisers (``TransformerLMConfig``, all off by default;
+``gpt`` cites where that code puts each) sit here as follows. Word-type dropout: one table
+per step, for the encoder's and the decoder's lookups. ``input_dropout``: the inputs of the
+two sentence stacks (token embeddings + positions; the decoder's position 0, the predicted
+sentence embedding, with them); the document GPT's input (sentence embeddings, not words)
+keeps ``dropout``. Attention-output and FFN dropout: every layer of the three stacks.
+Locked masks are one per sequence: per sentence in the sentence stacks, per document in
+the document GPT. Output dropout and AR/TAR: the sentence decoder's final hidden states,
+which predict every token; TAR pairs consecutive positions of one sentence.
 """
 
 from __future__ import annotations
@@ -38,14 +48,16 @@ from torch import Tensor, nn
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import PAD_ID
 from pipeline.models.base import (
-    AttentionModelConfig,
     LanguageModel,
+    TokenScores,
+    TransformerLMConfig,
     head_size,
     masked_token_nll,
 )
+from pipeline.models.dropout import SiteDropout
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.registry import register
-from pipeline.models.stack import Stack, extent, scatter_rows
+from pipeline.models.stack import Stack, extent, scatter_rows, static_shapes
 from pipeline.names import Task
 
 
@@ -57,7 +69,7 @@ class Stage(enum.IntEnum):
     DOCUMENT = 2  # document block only; encoder and decoder frozen
 
 
-class HGPTConfig(AttentionModelConfig):
+class HGPTConfig(TransformerLMConfig):
     """Hierarchical GPT; defaults are the paper's 1/1/4 model at d=512, 8 heads."""
 
     d_model: int = Field(512, ge=1, description="document GPT width")
@@ -90,19 +102,23 @@ def _project(d_in: int, d_out: int) -> nn.Module:
 class HierarchicalGPT(LanguageModel):
     """Sentence encoder -> document GPT -> sentence decoder GPT (module docstring)."""
 
+    stream_unit = "sentences"
+
     def __init__(self, config: HGPTConfig) -> None:
         super().__init__()
         self.config = config
         c = config
         # the sentence blocks (encoder, decoder) and the document block have their own sizes
         sentence = c.block(d_model=c.d_sentence, n_heads=c.sentence_heads, d_ff=c.sentence_d_ff)
-        self.embed = TokenEmbedding(c.vocab_size, c.d_sentence, PAD_ID)
+        self.embed = TokenEmbedding(c.vocab_size, c.d_sentence, PAD_ID, c.embedding_dropout)
         self.encoder = Stack(sentence, c.encoder_layers, causal=False)
         self.to_document = _project(c.d_sentence, c.d_model)
         self.bod = nn.Parameter(torch.randn(c.d_model))
-        self.document = Stack(c.block(), c.document_layers, causal=True)
+        # its input is sentence embeddings, not words: `dropout`, not `input_dropout`
+        self.document = Stack(c.block(input_dropout=None), c.document_layers, causal=True)
         self.from_document = _project(c.d_model, c.d_sentence)
         self.decoder = Stack(sentence, c.decoder_layers, causal=True)
+        self.output_dropout = SiteDropout(c.output_dropout, c.locked_dropout)
         self.output = nn.Linear(c.d_sentence, c.vocab_size, bias=False)
         self.output.weight = self.embed.weight
         self.set_stage(Stage.JOINT if c.training == "joint" else Stage.SENTENCE)
@@ -148,10 +164,11 @@ class HierarchicalGPT(LanguageModel):
 
     # ------------------------------------------------------------------ blocks
 
-    def encode_sentences(self, ids: Tensor, mask: Tensor) -> Tensor:
+    def encode_sentences(self, ids: Tensor, mask: Tensor, table: Tensor | None = None) -> Tensor:
         """Embeddings ``[N, d_model]`` of ``N`` right-padded sentences ``[N, L]``: the
-        encoder output at each sentence's last real token."""
-        hidden = self.encoder(self.embed(ids), mask)
+        encoder output at each sentence's last real token. ``table``: this step's embedding
+        table (``TokenEmbedding.step_table``)."""
+        hidden = self.encoder(self.embed(ids, table), mask)
         last = mask.sum(1) - 1
         return self.to_document(hidden[torch.arange(len(ids), device=ids.device), last])
 
@@ -161,21 +178,33 @@ class HierarchicalGPT(LanguageModel):
         bod = self.bod.expand(encoded.shape[0], 1, -1)
         return self.document(torch.cat([bod, encoded[:, :-1]], dim=1))
 
-    def decode_sentences(self, predicted: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
+    def decode_sentences(
+        self, predicted: Tensor, ids: Tensor, mask: Tensor, table: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Token NLL ``[N, L]`` of sentences ``ids`` ``[N, L]`` given their predicted
-        embeddings ``[N, d_model]`` (which stand in for ``<bos>``)."""
+        embeddings ``[N, d_model]`` (which stand in for ``<bos>``), and the decoder's final
+        hidden states ``[N, L, d_sentence]``."""
         first = self.from_document(predicted).unsqueeze(1)
-        inputs = torch.cat([first, self.embed(ids[:, :-1])], dim=1)
-        logits = self.output(self.decoder(inputs))
-        return masked_token_nll(logits, ids, mask)
+        inputs = torch.cat([first, self.embed(ids[:, :-1], table)], dim=1)
+        hidden = self.decoder(inputs)
+        logits = self.output(self.output_dropout(hidden))
+        return masked_token_nll(logits, ids, mask), hidden
 
     def token_nll(self, batch: LMBatch) -> Tensor:
         """NLL ``[B, S, Ls]`` of every sentence token given the previous sentences (through
         their embeddings) and the previous tokens of its sentence; 0 at padding."""
+        return self.score_tokens(batch).nll
+
+    def score_tokens(self, batch: LMBatch) -> TokenScores:
+        """``token_nll`` and the sentence decoder's final hidden states, per sentence."""
+        if static_shapes(batch.sentences):
+            return self._score_padded(batch)
         # Trim to the real extent so extra padding changes no computation at all.
         length = extent(batch.sentence_mask)
-        if length == 0:
-            return batch.sentence_mask.new_zeros(batch.sentence_mask.shape, dtype=torch.float)
+        if length == 0:  # nothing to score, nothing to regularise
+            nll = batch.sentence_mask.new_zeros(batch.sentence_mask.shape, dtype=torch.float)
+            hidden = nll.new_zeros(0, 0, self.config.d_sentence)
+            return TokenScores(nll, hidden, batch.sentence_mask.new_zeros(0, 0))
         present = batch.sentence_mask.any(-1)
         n_sent = extent(present)
         ids = batch.sentences[:, :n_sent, :length]
@@ -183,12 +212,33 @@ class HierarchicalGPT(LanguageModel):
         present = present[:, :n_sent]
         # Only real sentences go through the sentence-level blocks.
         sent_ids, sent_mask = ids[present], mask[present]
-        encoded = self.encode_sentences(sent_ids, sent_mask)
+        table = self.embed.step_table()
+        encoded = self.encode_sentences(sent_ids, sent_mask, table)
         if self.stage == Stage.SENTENCE:
             predicted = encoded
         else:
             predicted = self.predict_sentences(scatter_rows(present, encoded))[present]
-        nll = self.decode_sentences(predicted, sent_ids, sent_mask)
+        nll, hidden = self.decode_sentences(predicted, sent_ids, sent_mask, table)
         out = scatter_rows(present, nll)
         full = batch.sentence_mask.shape
-        return nn.functional.pad(out, (0, full[2] - length, 0, full[1] - n_sent))
+        out = nn.functional.pad(out, (0, full[2] - length, 0, full[1] - n_sent))
+        return TokenScores(out, hidden, sent_mask)
+
+    def _score_padded(self, batch: LMBatch) -> TokenScores:
+        """``score_tokens`` on the padded batch as it is (``stack.static_shapes``): every
+        sentence slot goes through the sentence blocks, an empty one masked out (its
+        encoder row attends to nothing and gives zeros; causality keeps it from the real
+        sentences before it)."""
+        b, n_sent, length = batch.sentences.shape
+        ids = batch.sentences.reshape(b * n_sent, length)
+        mask = batch.sentence_mask.reshape(b * n_sent, length)
+        table = self.embed.step_table()
+        encoded = self.encode_sentences(ids, mask, table)
+        if self.stage == Stage.SENTENCE:
+            predicted = encoded
+        else:
+            present = mask.any(-1, keepdim=True)
+            document = (encoded * present).view(b, n_sent, -1)
+            predicted = self.predict_sentences(document).reshape(b * n_sent, -1)
+        nll, hidden = self.decode_sentences(predicted, ids, mask, table)
+        return TokenScores(nll.view(b, n_sent, length), hidden, mask)

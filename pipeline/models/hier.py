@@ -9,12 +9,16 @@ follows; it cross-attends to all encoder outputs by default (``masks.MemoryKeys`
 
 Most of what the masks forbid never needs computing: the UT-mask allows
 ``sum(utterance lengths**2)`` of the ``B * L**2`` pairs, the HIER CT-mask adds only the final
-utterance's rows. So by default (``AttentionLayout.PACKED``) the layers run on the real
-tokens alone, attention grouped by utterance (``utterances.utterance_groups``) and, for the
-HIER CT-mask, by utterance plus one row per final utterance (``utterances.context_groups``;
-``layers.TokenGroups``). It is the same computation on every real token as the masked flat
-history (``MASKED``, the paper's formulation, which the other CT-masks always use), only
-without the padding and the forbidden pairs (bench/RESULTS.md).
+utterance's rows. So when eager (``AttentionLayout.PACKED``, what the default ``AUTO`` runs
+then) the layers run on the real tokens alone, attention grouped by utterance
+(``utterances.utterance_groups``) and, for the HIER CT-mask, by utterance plus one row per
+final utterance (``utterances.context_groups``; ``layers.TokenGroups``). It is the same
+computation on every real token as the masked flat history (``MASKED``, the paper's
+formulation, which the other CT-masks always use), only without the padding and the
+forbidden pairs (bench/RESULTS.md). The packed grids' sizes are read from the batch, so
+under ``torch.compile`` ``AUTO`` runs the masked flat history instead, its masks as
+FlexAttention block masks on CUDA (``FLEX``: tiles the masks forbid are skipped) where no
+attention dropout is in effect, as dense masks otherwise (``resolve_layout``).
 
 Sizes (Table 1, "L a/b/c, H, A, E"): the authors' code (bsantraigi/HIER, ``Transformer(
 ntoken, ninp, nhead, nhid, ...)``) uses E (``ninp``, "embed_size") as the model width and H
@@ -47,24 +51,36 @@ from pipeline.models.base import (
     token_loss,
 )
 from pipeline.models.blocks import Decoder, DecoderCache, EncoderStack
+from pipeline.models.flex import FlexMask
 from pipeline.models.layers import SinusoidalPositions, TokenEmbedding, TokenGroups, xavier_
 from pipeline.models.masks import ContextMask, MemoryKeys
 from pipeline.models.registry import register
 from pipeline.models.utterances import context_groups, utterance_groups
 from pipeline.names import Task
 
-# How a stack of encoder layers attends: a [B, L, L] mask (or None: no mask) over the
-# padded batch, or token groups over its real tokens (``layers.TokenGroups``).
-EncoderAttention = Tensor | TokenGroups | tuple[TokenGroups, ...] | None
+# How a stack of encoder layers attends: a [B, L, L] mask (or None: no mask) or the same
+# mask as a predicate (``flex.FlexMask``) over the padded batch, or token groups over its
+# real tokens (``layers.TokenGroups``).
+EncoderAttention = Tensor | FlexMask | TokenGroups | tuple[TokenGroups, ...] | None
 
 # --------------------------------------------------------------------------- configs
 
 
 class AttentionLayout(enum.StrEnum):
-    """How the encoder's layers attend (same outputs on real tokens; module docstring)."""
+    """How the encoder's layers attend (same outputs on real tokens; module docstring).
 
+    ``packed``: the real tokens on utterance grids (reads the grid sizes from the batch, so
+    ``torch.compile`` breaks its graph there); ``masked``: ``[B, L, L]`` boolean masks over
+    the padded batch; ``flex``: the same masks as FlexAttention block masks (no dropout on
+    attention probabilities: needs ``attention_dropout: 0``); ``auto`` (default): packed
+    when eager, and under ``torch.compile`` flex on CUDA where no attention dropout is in
+    effect (``attention_dropout: 0``, or evaluation), masked otherwise.
+    """
+
+    AUTO = "auto"
     PACKED = "packed"
     MASKED = "masked"
+    FLEX = "flex"
 
 
 class HierConfig(AttentionModelConfig):
@@ -80,9 +96,23 @@ class HierConfig(AttentionModelConfig):
     n_decoder_layers: int = Field(3, ge=1)
     context_mask: ContextMask = ContextMask.HIER
     memory_keys: MemoryKeys = MemoryKeys.ALL
-    attention_layout: AttentionLayout = AttentionLayout.PACKED
+    attention_layout: AttentionLayout = AttentionLayout.AUTO
     # Size of the multi-hot dialogue-act vector fed to the decoder (HIER++/SET++); None: none.
     n_acts: int | None = Field(None, ge=1)
+
+    @field_validator("attention_layout")
+    @classmethod
+    def _flex_has_no_attention_dropout(
+        cls, layout: AttentionLayout, info: ValidationInfo
+    ) -> AttentionLayout:
+        dropout, attention = info.data.get("dropout", 0.0), info.data.get("attention_dropout")
+        p = dropout if attention is None else attention
+        if layout is AttentionLayout.FLEX and p > 0:
+            raise ValueError(
+                f"flex has no dropout on attention probabilities and {p} is in effect: set "
+                "attention_dropout: 0, or attention_layout: auto (flex where it applies)"
+            )
+        return layout
 
     @field_validator("n_context_layers")
     @classmethod
@@ -152,6 +182,19 @@ class HierJointConfig(HierConfig):
         return None
 
 
+def resolve_layout(
+    layout: AttentionLayout, *, compiling: bool, cuda: bool, attention_dropout: bool
+) -> AttentionLayout:
+    """``layout``, or for ``auto`` the one to run: packed when eager (its grid sizes are
+    read from the batch, a graph break under ``torch.compile``), else flex on CUDA where no
+    attention dropout is in effect (FlexAttention has none), else masked."""
+    if layout is not AttentionLayout.AUTO:
+        return layout
+    if not compiling:
+        return AttentionLayout.PACKED
+    return AttentionLayout.FLEX if cuda and not attention_dropout else AttentionLayout.MASKED
+
+
 # --------------------------------------------------------------------------- encoder
 
 
@@ -183,8 +226,8 @@ class HTEncoder(nn.Module):
 
     def forward(self, history: History, ut: EncoderAttention, ct: EncoderAttention) -> Tensor:
         """``[B, L, d_model]`` encodings of ``history``. ``ut``/``ct``: the UT/CT-masks
-        ``[B, L, L]`` (True = may attend; ``None`` = no mask) or their ``TokenGroups``
-        (then pad positions leave the stack as zeros)."""
+        ``[B, L, L]`` (True = may attend; ``None`` = no mask), as ``FlexMask``s, or their
+        ``TokenGroups`` (then pad positions leave the stack as zeros)."""
         real = history.input_mask
         x = self.dropout(self.embed(history.input_ids) + self.positions(history.utt_pos))
         if len(self.utterance_layers):
@@ -205,7 +248,7 @@ def run_stack(
 ) -> Tensor:
     """``layers`` over ``x`` ``[B, L, d]``: masked, or on the real tokens ``real`` ``[B, L]``
     when ``attention`` is given as token groups (zeros at padding on the way out)."""
-    if attention is None or isinstance(attention, Tensor):
+    if attention is None or isinstance(attention, Tensor | FlexMask):
         return layers(x, attention)
     if real is None:
         raise ValueError("token-group attention needs the real-token mask `real`")
@@ -248,20 +291,41 @@ class HierTransformer(Seq2SeqModel):
         c = self.config
         return Decoder(c.vocab_size, c.n_decoder_layers, c.block())
 
-    def encode_history(self, history: History) -> HierMemory:
-        """Encoder outputs and the decoder's key mask (no act offset)."""
+    def layout(self, history: History) -> AttentionLayout:
+        """The layout this pass runs (``AttentionLayout``; ``auto`` resolved)."""
+        return resolve_layout(
+            self.config.attention_layout,
+            compiling=torch.compiler.is_compiling(),
+            cuda=history.input_ids.device.type == "cuda",
+            attention_dropout=self.training and self.config.attention_dropout_p > 0.0,
+        )
+
+    def attention(self, history: History) -> tuple[EncoderAttention, EncoderAttention]:
+        """How the utterance and the context layers attend over ``history`` in this pass
+        (:meth:`layout`); the packed layout has token groups for the HIER CT-mask only."""
         c = self.config
-        packed = c.attention_layout is AttentionLayout.PACKED
+        layout = self.layout(history)
         ut: EncoderAttention = None
+        ct: EncoderAttention = None
+        if layout is AttentionLayout.FLEX:
+            if c.n_utterance_layers:
+                ut = masks.history_flex_mask(history, masks.utterance_mod(history))
+            if c.n_context_layers:
+                ct = masks.history_flex_mask(history, masks.context_mod(history, c.context_mask))
+            return ut, ct
+        packed = layout is AttentionLayout.PACKED
         if c.n_utterance_layers:
             ut = utterance_groups(history) if packed else masks.utterance_mask(history)
-        ct: EncoderAttention = None
         if c.n_context_layers and packed and c.context_mask is ContextMask.HIER:
             ct = context_groups(history)
         elif c.n_context_layers:
             ct = masks.context_mask(history, c.context_mask)
-        states = self.encoder(history, ut, ct)
-        return HierMemory(states, masks.memory_mask(history, c.memory_keys))
+        return ut, ct
+
+    def encode_history(self, history: History) -> HierMemory:
+        """Encoder outputs and the decoder's key mask (no act offset)."""
+        states = self.encoder(history, *self.attention(history))
+        return HierMemory(states, masks.memory_mask(history, self.config.memory_keys))
 
     def act_offset(self, batch: GenerateBatch) -> Tensor | None:
         """``[B, 1, d]`` embedded multi-hot acts (HIER++/SET++), or None without ``n_acts``."""

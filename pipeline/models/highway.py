@@ -15,6 +15,8 @@ tokens) every real token is kept and padding never changes a score.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -46,9 +48,16 @@ class HRTConfig(TransformerSelectConfig):
 @register("hrt_last", Task.SELECT, HRTConfig, all_states=False)
 @register("hrt_all", Task.SELECT, HRTConfig, all_states=True)
 class HighwayRecurrentTransformer(RankingModel):
-    """Highway Recurrent Transformer (HRT-Last / HRT-All)."""
+    """Highway Recurrent Transformer (HRT-Last / HRT-All).
+
+    ``supports_compile = False``: the recurrence runs once per utterance of the batch's
+    longest context, on utterances padded to the longest one; both counts are read from the
+    batch's values (``split_utterances``, a host read), and without them as shapes of the
+    batch a compiled step would break its graph there.
+    """
 
     config: HRTConfig
+    supports_compile: ClassVar[bool] = False
 
     def __init__(self, config: HRTConfig) -> None:
         super().__init__()

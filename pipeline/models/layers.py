@@ -1,9 +1,10 @@
 """Shared Transformer building blocks, written once and used by every model.
 
 Mask convention (everywhere in hiertx): a boolean tensor, **True = may attend**,
-broadcastable to ``[B, heads, L_query, L_key]`` (``[B, L_query, L_key]`` is accepted).
-A query row with no allowed key (a padding query) yields a zero output instead of the NaN
-that a fully masked softmax produces.
+broadcastable to ``[B, heads, L_query, L_key]`` (``[B, L_query, L_key]`` is accepted), or
+the same mask given by its predicate (``flex.FlexMask``, FlexAttention's block-sparse
+kernel). A query row with no allowed key (a padding query) yields a zero output instead of
+the NaN that a fully masked softmax produces.
 
 Initialisation follows the U-Net Transformer paper: Xavier everywhere, Kaiming for the
 linear before the FFN's ReLU, and Xavier scaled by 1/100 on the attention and FFN output
@@ -22,6 +23,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from pipeline.models.base import select_batch_dim
+from pipeline.models.dropout import SiteDropout, drop_word_types
+from pipeline.models.flex import FlexMask
 
 OUTPUT_GAIN = 0.01
 
@@ -174,7 +177,7 @@ class MultiHeadAttention(nn.Module):
         self,
         query: Tensor,
         key_value: Tensor | None = None,
-        mask: Tensor | None = None,
+        mask: Tensor | FlexMask | None = None,
         causal: bool = False,
         cache: KVCache | None = None,
         groups: TokenGroups | Sequence[TokenGroups] | None = None,
@@ -240,9 +243,22 @@ def _take(tokens: Tensor, index: Tensor | None) -> Tensor:
 
 
 def attend(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, dropout: float
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | FlexMask | None, causal: bool, dropout: float
 ) -> Tensor:
-    """SDPA with the hiertx mask convention; rows with no allowed key give zeros."""
+    """SDPA with the hiertx mask convention; rows with no allowed key give zeros.
+
+    Causal attention without a mask over a whole sequence (``Lq == Lk``: training, teacher
+    forcing) runs SDPA's ``is_causal``, no mask tensor (the flash kernel on CUDA); a cached
+    decoding step of one token needs no mask at all. A ``FlexMask`` runs FlexAttention where
+    it has a block mask and no dropout is asked for (FlexAttention has none), else SDPA on
+    the dense mask it evaluates.
+    """
+    if isinstance(mask, FlexMask):
+        if causal:
+            raise ValueError("a FlexMask holds the whole mask: fold causality into its mod")
+        if mask.block is not None and dropout == 0.0:
+            return mask.attend(q, k, v)
+        mask = mask.dense()
     lq, lk = q.shape[2], k.shape[2]
     if mask is None:
         if causal and lq == lk:
@@ -265,15 +281,23 @@ def attend(
 
 
 class FeedForward(nn.Module):
-    """Position-wise ``Linear -> ReLU -> dropout -> Linear``."""
+    """Position-wise ``Linear -> ReLU -> dropout -> Linear``; ``locked``: the dropout mask
+    is one per sequence (``models.dropout.SiteDropout``, Transformer-XL's PTB FFN)."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, d_out: int | None = None):
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        d_out: int | None = None,
+        locked: bool = False,
+    ):
         super().__init__()
         self.inner = nn.Linear(d_model, d_ff)
         nn.init.kaiming_uniform_(self.inner.weight, nonlinearity="relu")
         nn.init.zeros_(self.inner.bias)
         self.outer = xavier_(nn.Linear(d_ff, d_model if d_out is None else d_out), OUTPUT_GAIN)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = SiteDropout(dropout, locked)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.outer(self.dropout(F.relu(self.inner(x))))
@@ -313,14 +337,32 @@ class SegmentEmbedding(nn.Embedding):
 
 
 class TokenEmbedding(nn.Embedding):
-    """Token embeddings scaled by sqrt(d) (Vaswani et al.), padding row zero."""
+    """Token embeddings scaled by sqrt(d) (Vaswani et al.), padding row zero.
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int = 0) -> None:
+    ``type_dropout`` (AWD-LSTM's word-type embedding dropout, ``models.dropout``): in
+    training, :meth:`step_table` draws this step's table with whole rows dropped; ``forward``
+    looks ids up in it. A tied output projection keeps the whole table, as AWD-LSTM's does.
+    """
+
+    def __init__(
+        self, vocab_size: int, d_model: int, pad_id: int = 0, type_dropout: float = 0.0
+    ) -> None:
         super().__init__(vocab_size, d_model, padding_idx=pad_id)
         nn.init.normal_(self.weight, std=d_model**-0.5)
         with torch.no_grad():
             self.weight[pad_id].zero_()
         self.scale = math.sqrt(d_model)
+        self.type_dropout = type_dropout
 
-    def forward(self, ids: Tensor) -> Tensor:  # type: ignore[override]
-        return super().forward(ids) * self.scale
+    def step_table(self) -> Tensor | None:
+        """This training step's table with word types dropped (one draw: pass it to every
+        lookup of the step), or None (eval mode, no ``type_dropout``): the whole table."""
+        if not self.training or self.type_dropout == 0.0:
+            return None
+        return drop_word_types(self.weight, self.type_dropout)
+
+    def forward(self, ids: Tensor, table: Tensor | None = None) -> Tensor:  # type: ignore[override]
+        """``[..., d]`` embeddings of ``ids``, from ``table`` (:meth:`step_table`) if given."""
+        if table is None:
+            return super().forward(ids) * self.scale
+        return F.embedding(ids, table, self.padding_idx) * self.scale

@@ -5,7 +5,10 @@ Convention (as in ``layers``): bool, **True = may attend**; self-attention masks
 Every mask is combined with padding: a real token never attends a pad, and a pad query
 row may be all-False (``attend`` turns such rows into zeros instead of NaN). For a
 well-formed history (every utterance has a token with ``utt_pos == 0``) no real token's
-row is empty. All masks are built once per batch with broadcasting, no Python loops.
+row is empty. All masks are built once per batch with broadcasting, no Python loops. The
+UT- and CT-masks are each defined once, as a mask mod (``flex.MaskMod``, the predicate
+``mod(b, h, q, k)``): ``utterance_mask``/``context_mask`` evaluate it at every pair, and
+``history_flex_mask`` gives FlexAttention its block mask.
 
 The HT-Encoder (Santra et al., 2021) turns an (M+N)-layer encoder into a hierarchical one
 by masks alone: the UT-mask (a token sees its own utterance) in the first M layers and a
@@ -30,6 +33,7 @@ import enum
 from torch import Tensor
 
 from pipeline.data.batch import History
+from pipeline.models.flex import FlexMask, MaskMod, evaluate, flex_mask
 from pipeline.models.layers import causal_mask
 
 __all__ = [
@@ -38,12 +42,15 @@ __all__ = [
     "causal_mask",
     "causal_padding_mask",
     "context_mask",
+    "context_mod",
     "final_utterance",
     "first_tokens",
     "full_mask",
+    "history_flex_mask",
     "memory_mask",
     "paper_ut_mask",
     "utterance_mask",
+    "utterance_mod",
 ]
 
 
@@ -87,11 +94,21 @@ def causal_padding_mask(real: Tensor) -> Tensor:
     return _pairs(real, real) & causal_mask(length, length, real.device)
 
 
+def utterance_mod(history: History) -> MaskMod:
+    """The UT-mask as a mask mod (``flex``): a real token sees the real tokens of its own
+    utterance."""
+    real, utt = history.input_mask, history.utt_index
+
+    def mod(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return real[b, q] & real[b, k] & (utt[b, q] == utt[b, k])
+
+    return mod
+
+
 def utterance_mask(history: History) -> Tensor:
     """UT-mask ``[B, L, L]``: block diagonal, a real token sees the real tokens of its own
     utterance."""
-    same = history.utt_index[:, :, None] == history.utt_index[:, None, :]
-    return same & full_mask(history)
+    return _dense(history, utterance_mod(history))
 
 
 def final_utterance(history: History) -> Tensor:
@@ -106,18 +123,50 @@ def first_tokens(history: History) -> Tensor:
     return history.input_mask & (history.utt_pos == 0)
 
 
+def context_mod(history: History, kind: ContextMask | str = ContextMask.HIER) -> MaskMod:
+    """The CT-mask of the given variant as a mask mod (``flex``), combined with padding."""
+    kind = ContextMask(kind)
+    real, utt = history.input_mask, history.utt_index
+    # Per-token conditions computed once per batch; the mod only looks them up.
+    first = first_tokens(history)
+    final = final_utterance(history)
+
+    def full(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return real[b, q] & real[b, k]
+
+    def cls(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return real[b, q] & first[b, k]
+
+    def hier(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return real[b, q] & real[b, k] & ((utt[b, q] == utt[b, k]) | final[b, q])
+
+    def naacl(b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        return real[b, q] & real[b, k] & ((utt[b, q] == utt[b, k]) | final[b, k])
+
+    mods = {
+        ContextMask.FULL: full,
+        ContextMask.CLS: cls,
+        ContextMask.HIER: hier,
+        ContextMask.HIER_NAACL: naacl,
+    }
+    return mods[kind]
+
+
 def context_mask(history: History, kind: ContextMask | str = ContextMask.HIER) -> Tensor:
     """CT-mask ``[B, L, L]`` of the given variant, combined with padding."""
-    kind = ContextMask(kind)
-    real = history.input_mask
-    if kind is ContextMask.FULL:
-        return full_mask(history)
-    if kind is ContextMask.CLS:
-        return _pairs(real, first_tokens(history))
-    final = final_utterance(history)
-    if kind is ContextMask.HIER:
-        return utterance_mask(history) | _pairs(final, real)
-    return utterance_mask(history) | _pairs(real, final)
+    return _dense(history, context_mod(history, kind))
+
+
+def history_flex_mask(history: History, mod: MaskMod) -> FlexMask:
+    """``mod`` (:func:`utterance_mod`, :func:`context_mod`) over ``history``'s ``[B, L]``
+    positions as a ``flex.FlexMask``."""
+    b, length = history.input_mask.shape
+    return flex_mask(mod, b, length, length, history.input_mask.device)
+
+
+def _dense(history: History, mod: MaskMod) -> Tensor:
+    b, length = history.input_mask.shape
+    return evaluate(mod, b, length, length, history.input_mask.device)
 
 
 def memory_mask(history: History, keys: MemoryKeys | str = MemoryKeys.ALL) -> Tensor:

@@ -17,13 +17,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from pipeline.data.batch import SelectBatch
+from pipeline.models import masks
 from pipeline.models.base import LossOutput, ModelConfig, SelectModel
 from pipeline.models.registry import register
 from pipeline.models.selection import (
@@ -95,6 +96,7 @@ class _LSTMRanker(RankingModel):
     """Embedding (+ knowledge features) and one LSTM shared by context and candidates."""
 
     config: LSTMRankerConfig
+    supports_compile: ClassVar[bool] = False  # LSTMs (``recurrent``, "Compiling")
 
     def __init__(self, config: LSTMRankerConfig) -> None:
         super().__init__()
@@ -179,10 +181,19 @@ class TransformerRanker(RankingModel):
         self.highway = HighwayAttention.from_config(c)
 
     def encode_context(self, batch: SelectBatch) -> tuple[Tensor, Tensor]:
-        """``[B, L, d]`` and its mask."""
+        """``[B, L, d]`` and its mask.
+
+        The last utterance alone is cut from the utterance grid, whose size is read from the
+        batch; under ``torch.compile`` it stays in the flat history instead, as its only
+        real tokens (positions within it, as alone): the same encodings of its tokens and
+        the same scores within float rounding, at static shapes and with no host read.
+        """
         history = batch.history
         knowledge = check_knowledge(self.config, batch.context_knowledge, "context_knowledge")
-        if self.config.last_utterance:
+        if self.config.last_utterance and torch.compiler.is_compiling():
+            ids, speaker, positions = history.input_ids, history.speaker, history.utt_pos
+            mask = masks.final_utterance(history)
+        elif self.config.last_utterance:
             utt = split_utterances(history, knowledge)
             rows = torch.arange(utt.ids.shape[0], device=utt.ids.device)
             last = (utt.count - 1).clamp(min=0)
@@ -216,6 +227,11 @@ class Ensemble(SelectModel):
             if not isinstance(model, SelectModel):
                 raise TypeError(f"models[{i}]: {type(model).__name__} is not a SelectModel")
         self.models = nn.ModuleList(models)
+
+    @property
+    def supports_compile(self) -> bool:  # type: ignore[override]
+        """Whether every member compiles whole."""
+        return all(getattr(m, "supports_compile", True) for m in self.models)
 
     def score(self, batch: SelectBatch) -> Tensor:
         return torch.stack([m.score(batch) for m in self.models]).sum(0)
@@ -251,6 +267,11 @@ class WithNoneCandidate(SelectModel):
         config = getattr(model, "config", None)
         self.loss_kind = RankingLoss(loss or getattr(config, "loss", RankingLoss.BCE))
         self.margin = margin if margin is not None else getattr(config, "margin", 0.0)
+
+    @property
+    def supports_compile(self) -> bool:  # type: ignore[override]
+        """Whether the wrapped model compiles whole."""
+        return bool(getattr(self.model, "supports_compile", True))
 
     def score(self, batch: SelectBatch) -> Tensor:
         return append_none(self.model.score(batch))

@@ -1,6 +1,14 @@
 """Recurrent blocks the RNN baselines share (``rnn.py``): their base config, a GRU run over
 padded sequences, the utterance encoder, the conditioned decoder and the decoding state
-and memories one ``generate()`` drives."""
+and memories one ``generate()`` drives.
+
+Compiling: a model built on ``nn.GRU``/``nn.LSTM`` says ``supports_compile = False`` (the
+training loop's ``compile: auto`` then leaves it eager). Dynamo does not trace the RNN
+modules (``torch._dynamo.config.allow_rnn`` is off) and breaks the graph at each; with it
+on, the packed sequences still need their lengths on the host (``pack_padded_sequence``
+takes them on the CPU: a host synchronisation per call), and the recurrence is already one
+cuDNN kernel per layer, so compiling could fuse only the small ops around it.
+"""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Models by name: ``names()`` lists them, ``build(name, sizes, **overrides)`` makes one.
 
-Each model module registers its names with ``@register``; adding a model is one decorator
-in its module plus its module in ``_MODULES``. ``sizes`` are the data's
-(:class:`~pipeline.models.base.DataSizes`, from the tokenize record): a config's
-``DATA_FIELDS`` come from them and nowhere else.
+Each model module registers its names with :func:`register` (on its builder, as a decorator
+or called) and is listed in ``_MODULES``; docs/DESIGN.md, "How to add a model", lists every
+edit. ``sizes`` are the data's (:class:`~pipeline.artifacts.DataSizes`, from the tokenize
+record): a config's ``DATA_FIELDS`` come from them and nowhere else.
 """
 
 from __future__ import annotations

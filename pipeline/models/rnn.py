@@ -19,6 +19,7 @@ them; latents are sampled once in ``encode`` (part of the memory), so beams shar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -105,6 +106,8 @@ class VHCRConfig(VHREDConfig):
 class S2SA(Seq2SeqModel):
     """GRU sequence-to-sequence model with multi-head attention over the flat history."""
 
+    supports_compile: ClassVar[bool] = False  # GRUs (``recurrent``, "Compiling")
+
     def __init__(self, config: S2SAConfig) -> None:
         super().__init__()
         self.config = config
@@ -157,6 +160,7 @@ class HRED(Seq2SeqModel):
     """Hierarchical recurrent encoder-decoder."""
 
     config: HREDConfig
+    supports_compile: ClassVar[bool] = False  # GRUs (``recurrent``, "Compiling")
 
     def __init__(self, config: HREDConfig) -> None:
         super().__init__()

@@ -1,18 +1,22 @@
 """The Transformer stack of the language models: sinusoidal positions, dropout, then
-post-norm ``EncoderLayer``s, causal (GPT) or bidirectional (a sentence encoder); and the
-two helpers they share to trim padding away (``extent``, ``scatter_rows``)."""
+post-norm ``EncoderLayer``s, causal (GPT) or bidirectional (a sentence encoder); the two
+helpers they share to trim padding away (``extent``, ``scatter_rows``), and the switch to
+padded, static shapes where trimming costs more than it saves (``static_shapes``)."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from pipeline.models.base import BlockDims
 from pipeline.models.blocks import EncoderStack
+from pipeline.models.dropout import SiteDropout
 from pipeline.models.layers import SinusoidalPositions, padding_mask
 
 
 class Stack(nn.Module):
-    """Sinusoidal positions, dropout, then ``n_layers`` post-norm Transformer layers.
+    """Sinusoidal positions, dropout (``dims.input_p``, locked or not), then ``n_layers``
+    post-norm Transformer layers.
 
     ``causal=True`` makes it a GPT block (position i sees positions <= i); otherwise it is
     a bidirectional (BERT-like) encoder over the real positions of ``mask``.
@@ -22,7 +26,7 @@ class Stack(nn.Module):
         super().__init__()
         self.causal = causal
         self.positions = SinusoidalPositions(dims.d_model)
-        self.dropout = nn.Dropout(dims.dropout)
+        self.dropout = SiteDropout(dims.input_p, dims.locked)
         self.layers = EncoderStack(n_layers, dims)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -34,6 +38,14 @@ class Stack(nn.Module):
         x = self.dropout(x + self.positions.range(x.shape[1], x.device))
         attn_mask = None if mask is None else padding_mask(mask)
         return self.layers(x, attn_mask, causal=self.causal)
+
+
+def static_shapes(like: Tensor) -> bool:
+    """Whether a model keeps its batch's padded shapes, masking instead of trimming
+    (``extent``) and instead of boolean indexing: under ``torch.compile``, where shapes read
+    from data break the graph, and on accelerators, where reading a tensor on the host
+    stalls the stream. The eager CPU path trims, bit for bit as it always has."""
+    return torch.compiler.is_compiling() or like.device.type != "cpu"
 
 
 def extent(mask: Tensor) -> int:
@@ -51,3 +63,13 @@ def scatter_rows(mask: Tensor, values: Tensor) -> Tensor:
     out = values.new_zeros(*mask.shape, *values.shape[1:])
     out[mask] = values
     return out
+
+
+def flat_to_sentences(values: Tensor, sentence_mask: Tensor) -> Tensor:
+    """``values`` ``[B, Lf]`` of a row's real tokens in order (then anything) placed in the
+    sentence layout of ``sentence_mask`` ``[B, S, Ls]``, zeros elsewhere: what
+    ``scatter_rows(sentence_mask, values[flat_mask])`` gives, with static shapes (a
+    gather of each slot's flat position)."""
+    real = sentence_mask.reshape(values.shape[0], -1)
+    position = (real.cumsum(1) - 1).clamp(min=0, max=values.shape[1] - 1)
+    return values.gather(1, position).masked_fill(~real, 0).view(sentence_mask.shape)

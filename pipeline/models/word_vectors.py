@@ -253,16 +253,6 @@ def _rms(values: Tensor) -> float:
     return float(values.double().pow(2).mean().sqrt()) if values.numel() else 0.0
 
 
-def load_word_vectors(embedding: nn.Embedding, path: str | Path, tokens: Sequence[str]) -> Coverage:
-    """Read the vectors of ``tokens`` (the model's vocabulary, in id order) from ``path``
-    and copy them into ``embedding`` (:func:`read_word_vectors`, :func:`copy_into`); returns
-    what the file covered."""
-    pad = embedding.padding_idx if embedding.padding_idx is not None else -1
-    vectors = read_word_vectors(path, tokens, embedding.embedding_dim, pad_id=pad)
-    copy_into(embedding, vectors)
-    return vectors.coverage
-
-
 def token_embeddings(model: nn.Module) -> list[nn.Embedding]:
     """The embeddings of ``model``'s vocabulary (its word embeddings, where pre-trained
     vectors go: ``models.word_vectors``): every ``layers.TokenEmbedding``, and every plain

@@ -3,10 +3,11 @@
 A training resumes from the checkpoint of a run of the same identity (``RunPlan.name``),
 so the identity must change whenever the result would: params, data, and code. The code
 is the sources :data:`TRAINING_CODE` names, the same paths ``dvc.yaml`` lists as the
-train and tune stages' code dependencies (``tests/plan/test_code.py`` checks both against
-the import graph of ``stages.train``): when DVC re-runs a training because its code
-changed, the training starts fresh instead of exporting an older code's weights; a run of
-unchanged code that was interrupted resumes exactly.
+train and tune stages' code dependencies (``tests/plan/test_code.py`` checks dvc.yaml
+against this list, and this list against what ``stages.train`` and ``stages.tune``
+import): when DVC re-runs a training because its code changed, the training starts fresh
+instead of exporting an older code's weights; a run of unchanged code that was interrupted
+resumes exactly.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from pipeline.report.overview import (
     overview,
     overview_markdown,
 )
-from pipeline.report.published import VERDICT_RULES, tables_markdown
+from pipeline.report.published import VERDICT_RULES, lm_protocol_lines, tables_markdown
 from pipeline.report.references import chance_references, unigram_references
 from pipeline.report.results import RunResult, load_results
 from pipeline.report.significance import ALPHA, floors_text
@@ -235,6 +235,7 @@ def conventions(
             "VHRED/VHCR: importance-sampled over posterior draws (`evaluate.latent_samples`), "
             "their ELBO bound beside it; validation is the full negative ELBO."
         )
+        lines += lm_protocol_lines(runs)
     if Task.GENERATE in tasks:
         corpora = sorted({r.corpus for r in runs if r.task is Task.GENERATE})
         lines += [

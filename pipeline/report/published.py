@@ -25,6 +25,9 @@ import math
 from dataclasses import dataclass
 
 from pipeline.eval.catalogue import Metric
+from pipeline.eval.language import protocol_text
+from pipeline.names import Task
+from pipeline.report.results import RunResult
 from pipeline.report.significance import ALPHA, format_p, practical_floor
 from pipeline.report.tables import Cell, Table, table_markdown
 
@@ -219,6 +222,27 @@ CLAIMS: dict[str, tuple[Claim, ...]] = {
         Claim("congruent_hgpt", "hgpt", "test_ppl"),
     ),
 }
+
+
+def lm_protocol_lines(runs: list[RunResult]) -> list[str]:
+    """The "Metric conventions" lines that say how each corpus' language-model perplexities
+    were measured (``evaluate.lm``, read from the runs' metrics): per document or streamed,
+    with each protocol's models where a corpus has several. The papers' numbers come with
+    no stated protocol (the HGPT paper's included), so a verdict compares our runs under
+    these, never with the paper's."""
+    by_corpus: dict[str, dict[str, list[str]]] = {}
+    for run in runs:
+        if run.task is Task.LM:
+            texts = by_corpus.setdefault(run.corpus, {})
+            texts.setdefault(protocol_text(run.metrics), []).append(run.label)
+    lines = []
+    for corpus, texts in by_corpus.items():
+        if len(texts) == 1:
+            lines.append(f"- Language-model perplexity, {corpus}: {next(iter(texts))}.")
+            continue
+        parts = [f"{text} ({', '.join(labels)})" for text, labels in texts.items()]
+        lines.append(f"- Language-model perplexity, {corpus}: {'; '.join(parts)}.")
+    return lines
 
 
 def _key(title: str) -> str | None:

@@ -144,18 +144,29 @@ def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 def dvc_input_hashes(root: str | Path, inputs: list[str]) -> dict[str, str]:
     """The md5 ``dvc.lock`` records for each of ``inputs`` (as an output of the stage that
-    made it, or a dependency of any stage); inputs it does not know are left out."""
+    made it, or a dependency of any stage); inputs it does not know are left out, and all
+    of them, with a warning, from a lock file that is not one (a merge left it conflicted):
+    tags are no reason to stop a training."""
     lock = Path(root) / "dvc.lock"
     if not lock.is_file():
         return {}
-    stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
     found: dict[str, str] = {}
-    for section in ("outs", "deps"):
-        for stage in stages.values():
-            for entry in stage.get(section, []):
-                path = str(entry.get("path", "")).rstrip("/")
-                if path in inputs and path not in found and "md5" in entry:
-                    found[path] = str(entry["md5"])
+    try:
+        stages = (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+        for section in ("outs", "deps"):
+            for stage in stages.values():
+                for entry in stage.get(section, []):
+                    path = str(entry.get("path", "")).rstrip("/")
+                    if path in inputs and path not in found and "md5" in entry:
+                        found[path] = str(entry["md5"])
+    except (yaml.YAMLError, AttributeError, TypeError) as err:
+        reason = str(err).splitlines()[0]
+        warnings.warn(
+            f"{lock} is no DVC lock file ({reason}): the MLflow run is tagged without the "
+            "hashes of its inputs; `dvc repro` writes it anew",
+            stacklevel=2,
+        )
+        return {}
     return found
 
 

@@ -15,7 +15,10 @@ training.
   server (``pipeline.tracking.sync``).
 - Re-runs: a run is found again by its run key tag (:meth:`Tracker.start` ``resume_key``),
   so a training resumed from its checkpoint (even a finished one) goes on in the run that
-  holds its history instead of starting an empty one.
+  holds its history instead of starting an empty one. The training loop's metrics
+  (:attr:`Tracker.sink`) are logged once per step: a run killed after step 114 and resumed
+  from its checkpoint of step 100 recomputes steps 101-114 exactly, and the steps its
+  history already holds are not logged again (MLflow cannot delete a point of a history).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class RunRef:
     run_name: str
     fallback_uri: str
     section: str = ""  # the chart section its metrics go to (describe.section_key)
+    # log a key only at steps after the last one the run's history holds for it
+    once_per_step: bool = False
 
     def attach(self) -> Tracker:
         return Tracker(self)
@@ -190,6 +195,7 @@ class Tracker:
         self.fell_back = False
         self.origin: RunRef | None = None  # after a fallback: the server run left behind
         self._last_result: Any = None
+        self._last_steps: dict[str, dict[str, int]] = {}  # run id -> key -> last step logged
 
     @classmethod
     def start(
@@ -272,8 +278,9 @@ class Tracker:
     def sink(self) -> Callable[[], Tracker]:
         """What a training job logs its metrics through (picklable: Ray ships it to the
         workers, where rank 0 attaches to this run): into the chart section ``curves``,
-        which the MLflow UI shows first (``describe``)."""
-        return dataclasses.replace(self.ref, section=CURVES).attach
+        which the MLflow UI shows first (``describe``), each step of a key once (a resumed
+        training recomputes the steps after its checkpoint: module docstring)."""
+        return dataclasses.replace(self.ref, section=CURVES, once_per_step=True).attach
 
     # ----------------------------------------------------------------- core
 
@@ -343,7 +350,21 @@ class Tracker:
             Metric(describe.section_key(k, section), float(v), now, step)
             for k, v in metrics.items()
         ]
-        self._do(lambda c, r: c.log_batch(r, metrics=items))
+        if self.ref.once_per_step:
+            self._do(lambda c, r: self._log_new_steps(c, r, items))
+        else:
+            self._do(lambda c, r: c.log_batch(r, metrics=items))
+
+    def _log_new_steps(self, client: Any, run_id: str, items: list[Any]) -> None:
+        """Log the ``items`` whose step is after the last one run ``run_id`` holds for their
+        key: read from its history once per run (the fallback run has its own), then kept."""
+        last = self._last_steps.get(run_id)
+        if last is None:
+            last = self._last_steps[run_id] = _last_steps(client, run_id)
+        new = [m for m in items if m.step > last.get(m.key, -1)]
+        if new:
+            client.log_batch(run_id, metrics=new)
+            last.update((m.key, m.step) for m in new)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         local = str(Path(path).resolve())
@@ -418,6 +439,12 @@ class Tracker:
             )
         except Exception:  # a broken local store must not fail the run's end
             return False
+
+
+def _last_steps(client: Any, run_id: str) -> dict[str, int]:
+    """The last step of each key in run ``run_id``'s history (none in a new run)."""
+    keys = client.get_run(run_id).data.metrics
+    return {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
 
 
 def _tag_op(tags: Mapping[str, str]) -> Op:

@@ -2,7 +2,8 @@
 
 A :class:`TrainingState` is a versioned tensor record (``artifacts.files``): model,
 optimizer and scheduler state, the training position (:class:`Progress`), every rank's RNG
-state, the best weights so far and the model's name and config. It loads with
+state, the best weights so far, the averaged weights and their step count (parameter
+averaging, ``train.averaging``) and the model's name and config. It loads with
 ``torch.load(weights_only=True)``, is written atomically, and a file of another format or
 with a field missing or renamed fails when read, naming the file.
 """
@@ -16,6 +17,8 @@ from typing import Any
 import torch
 
 from pipeline.artifacts import SavedModel, TensorRecord
+from pipeline.eval.perplexity import perplexity_of
+from pipeline.names import Task
 
 CHECKPOINT_FILE = "checkpoint.pt"
 
@@ -48,7 +51,7 @@ class Progress:
 class TrainingState(TensorRecord):
     """One checkpoint of a training run (rank 0 writes it; ``rng`` holds every rank's)."""
 
-    FORMAT = 2  # 1: an unchecked dict of the same keys
+    FORMAT = 3  # 2: no average, average_count; 1: an unchecked dict of the same keys
     WHAT = "a training checkpoint (the run can start over: see the stage's message)"
 
     model_name: str
@@ -62,19 +65,21 @@ class TrainingState(TensorRecord):
     rng: list[dict[str, Any]]
     metrics: dict[str, float]
     seed: int
+    average: dict[str, torch.Tensor] | None  # the averaged model's state_dict, once begun
+    average_count: int  # the optimizer steps averaged
 
     @property
     def position(self) -> Progress:
         return Progress.from_dict(self.progress)
 
     def exported(self, metrics: dict[str, float], run_name: str) -> SavedModel:
-        """The model this run keeps: its best weights (the final ones if no evaluation
-        improved on the first), with what rebuilds it."""
+        """The model this run keeps: its best weights (else the averaged ones, else the
+        final ones), with what rebuilds it."""
         return SavedModel(
             model_name=self.model_name,
             model_config=self.model_config,
             task=self.task,
-            weights=self.best_model or self.model,
+            weights=self.best_model or self.average or self.model,
             metrics=metrics,
             run_name=run_name,
         )
@@ -83,3 +88,25 @@ class TrainingState(TensorRecord):
 def cpu_state(module_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A detached CPU copy of a ``state_dict`` (the best weights kept while training goes on)."""
     return {k: v.detach().to("cpu", copy=True) for k, v in module_state.items()}
+
+
+def final_metrics(progress: Progress, task: Task | str) -> dict[str, float]:
+    """A run's outcome: the validation loss (and perplexity) of the kept weights (the
+    lowest, unless the run selects on a score: then ``best_valid_score`` too), where, and
+    how long."""
+    out = {
+        "best_valid_loss": progress.best_loss,
+        "best_step": float(progress.best_step),
+        "steps": float(progress.step),
+        "epochs": float(progress.epoch),
+    }
+    if Task(task) != Task.SELECT:
+        out["best_valid_ppl"] = perplexity_of(progress.best_loss)
+    if math.isfinite(progress.best_score):
+        out["best_valid_score"] = progress.best_score
+    return out
+
+
+def summary(state: TrainingState) -> dict[str, float]:
+    """The final metrics recorded in a checkpoint."""
+    return final_metrics(state.position, state.task)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,9 +45,23 @@ class ModelFactory(Protocol):
     def __call__(self) -> nn.Module: ...
 
 
+@dataclass(frozen=True)
+class DataOptions:
+    """How the loop wants its batches, decided where it runs: ``pad_to`` rounds every
+    token length up to a multiple (a compiled model then meets fewer shapes);
+    ``eval_batch_size`` (global, like the params') replaces the job's validation batch
+    size when set (the largest that fits, on CUDA)."""
+
+    pad_to: int = 1
+    eval_batch_size: int | None = None
+
+
 class DataFactory(Protocol):
-    def __call__(self, rank: int, world_size: int) -> tuple[EpochData, EpochData]:
-        """(train, valid) batches for ``rank`` of ``world_size``."""
+    def __call__(
+        self, rank: int, world_size: int, options: DataOptions | None = None
+    ) -> tuple[EpochData, EpochData]:
+        """(train, valid) batches for ``rank`` of ``world_size``, as ``options`` say
+        (None: ``DataOptions()``)."""
         ...
 
 

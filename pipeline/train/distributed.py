@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from pipeline.cluster import ray_cluster, use_gpu
 from pipeline.config import PlacementParams
 from pipeline.errors import HiertxError
-from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
+from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState, summary
 from pipeline.train.context import LocalContext, first_intact
-from pipeline.train.loop import TrainJob, summary, train_local, train_worker
+from pipeline.train.loop import TrainJob, train_local, train_worker
 
 CHECKPOINTS_KEPT = 2  # the newest and the one before: a torn newest falls back to it
 

@@ -24,7 +24,7 @@ from pipeline.models.base import ModelConfig
 from pipeline.models.word_vectors import WordVectors, copy_into, token_embeddings
 from pipeline.names import Task
 from pipeline.plan import RunPlan
-from pipeline.train.context import MetricSink
+from pipeline.train.context import DataOptions, MetricSink
 from pipeline.train.loop import TrainJob
 
 
@@ -79,7 +79,7 @@ class ShardBatches:
     def iter_from(self, start: int) -> Iterator[Batch]:
         dataset = self.loader.dataset
         for indices in self.loader.batches()[start:]:
-            yield dataset.collate([dataset[i] for i in indices])
+            yield self.loader.collate([dataset[i] for i in indices])
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,9 @@ class ShardData:
     """Each rank's train and valid batches from the shards of one corpus and task.
 
     ``batch_size`` is global (examples per optimizer step over all ranks); each rank takes
-    ``batch_size // world_size`` (the params check requires that it divides).
+    ``batch_size // world_size`` (the params check requires that it divides). With
+    ``batch_tokens`` (global too) the training batches are planned by tokens instead, each
+    rank's batch within ``batch_tokens // world_size`` padded tokens.
     """
 
     root: str
@@ -95,11 +97,21 @@ class ShardData:
     batch_size: int
     eval_batch_size: int
     seed: int
+    batch_tokens: int | None = None
 
-    def __call__(self, rank: int, world_size: int) -> tuple[ShardBatches, ShardBatches]:
+    def __call__(
+        self, rank: int, world_size: int, options: DataOptions | None = None
+    ) -> tuple[ShardBatches, ShardBatches]:
+        options = options or DataOptions()
         if self.batch_size % world_size:
             raise ValueError(f"batch_size {self.batch_size} does not divide by {world_size}")
-        loaders = [
+        tokens = None
+        if self.batch_tokens is not None:
+            tokens = self.batch_tokens // world_size
+            if tokens < 1:
+                raise ValueError(f"batch_tokens {self.batch_tokens} is < {world_size} workers")
+        eval_size = options.eval_batch_size or self.eval_batch_size
+        train, valid = (
             BatchLoader(
                 open_split(self.root, self.task, split),
                 size,
@@ -107,13 +119,15 @@ class ShardData:
                 seed=self.seed,
                 rank=rank,
                 world_size=world_size,
+                batch_tokens=tokens if split is Split.TRAIN else None,
+                pad_to=options.pad_to,
             )
             for split, size in (
                 (Split.TRAIN, self.batch_size // world_size),
-                (Split.VALID, max(1, self.eval_batch_size // world_size)),
+                (Split.VALID, max(1, eval_size // world_size)),
             )
-        ]
-        return ShardBatches(loaders[0]), ShardBatches(loaders[1])
+        )
+        return ShardBatches(train), ShardBatches(valid)
 
 
 def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
@@ -125,6 +139,7 @@ def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
         batch_size=knobs.batch_size,
         eval_batch_size=knobs.eval_batch_size or knobs.batch_size,
         seed=knobs.seed,
+        batch_tokens=knobs.batch_tokens,
     )
 
 

@@ -9,8 +9,22 @@ evaluate (loss and perplexity summed over every rank's slice of the validation s
 a :class:`ValidationScore` when the job has one), checkpoint, and stop early when the
 selection metric (``RunParams.select_by``: the validation loss, or that score) has not
 improved for ``patience`` evaluations; the weights kept are those of its best evaluation.
-Nothing in a step waits for the device: batches are copied one ahead (:func:`to_device`)
-and the train metrics stay on the device until they are logged.
+Nothing in a step waits for the device: batches are copied one ahead (:func:`to_device`),
+the optimizer is fused on CUDA, and the train metrics and the count of non-finite losses
+stay on the device until a logged step reads them; ``TrainJob.sync_debug`` makes any
+host synchronisation inside a step (forward to optimizer step and averaging) warn or
+raise on CUDA (the GPU check's ``"error"``).
+
+On CUDA the step's model and loss are compiled (``RunParams.compile``, ``steps.compiles``),
+in place and before DDP wraps them, with dynamic shapes and token lengths padded to
+``steps.PAD_MULTIPLE``; validation, checkpoints and exports use the plain model, whose
+weights the compiled step shares. Validation on CUDA runs at the largest batch that fits
+(``eval.collect.LargestBatch``, from ``eval.collect.first_eval_batch``).
+
+Parameter averaging (``RunParams.averaging``, ``averaging.WeightAverage``): over the last
+epochs the loop averages the weights after every step, at ``lr_factor`` times the
+learning rate the schedule had reached (which then stops); validation, selection and the
+export read the average, and a checkpoint holds it.
 
 Progress (rank 0, ``TrainJob.show_progress``): a bar over the run's steps on a terminal,
 a line every ``progress.REPORT_EVERY_S`` seconds and one per validation in a log
@@ -50,13 +64,18 @@ from torch import Tensor, nn
 from pipeline.config import Precision, RunParams
 from pipeline.data.batch import Batch
 from pipeline.errors import TrainingDiverged
+from pipeline.eval.collect import LargestBatch, batch_limit, first_eval_batch
 from pipeline.eval.perplexity import perplexity_of
+from pipeline.models.base import LossOutput
 from pipeline.names import Task
 from pipeline.progress import Mode, Reporter
 from pipeline.tracking import NullTracker
-from pipeline.train.checkpoint import Progress, TrainingState, cpu_state
+from pipeline.train.averaging import WeightAverage
+from pipeline.train.checkpoint import Progress, TrainingState, cpu_state, final_metrics
 from pipeline.train.context import (
     DataFactory,
+    DataOptions,
+    EpochData,
     LocalContext,
     MetricSink,
     ModelFactory,
@@ -66,7 +85,15 @@ from pipeline.train.context import (
 )
 from pipeline.train.optim import make_optimizer, make_scheduler
 from pipeline.train.seed import rng_state, seed_everything, set_rng_state
-from pipeline.train.steps import LossModule, TrainWindow, to_device
+from pipeline.train.steps import (
+    PAD_MULTIPLE,
+    LossModule,
+    TrainWindow,
+    compile_loss,
+    compiles,
+    host_sync_check,
+    to_device,
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +106,11 @@ class TrainJob:
     and errors (default ``train <name>``); ``show_progress: False`` prints none.
     ``validation_score`` is evaluated with the loss when ``params.select_by`` reads it.
     ``restart`` is the command that starts the run over (said when no checkpoint reads).
+    ``sync_debug`` (``"warn"``, ``"error"``; CUDA only) is the
+    ``torch.cuda.set_sync_debug_mode`` around the part of every step that must not wait
+    for the device, from a process's second step on (the first compiles and allocates).
+    ``compile_backend``: ``torch.compile``'s, when the step is compiled (tests and CPU
+    smoke checks take the cheaper ``aot_eager``).
     """
 
     name: str
@@ -92,6 +124,8 @@ class TrainJob:
     label: str = ""
     validation_score: ValidationScore | None = None
     restart: str = ""
+    sync_debug: str | None = None
+    compile_backend: str = "inductor"
 
 
 @dataclass
@@ -126,12 +160,31 @@ class _Run:
         seed_everything(self.seed)
         self.raw = job.model()
         self.task = Task(getattr(self.raw, "task", Task.GENERATE))
-        self.model = ctx.wrap_model(LossModule(self.raw))
+        loss = LossModule(self.raw)
+        self.compiled = compiles(self.p.compile, ctx.device, self.raw)
+        if self.compiled:
+            compile_loss(loss, job.compile_backend)
+        self.model = ctx.wrap_model(loss)
         self.optimizer = make_optimizer(self.raw, self.p.optimizer)
-        self.scheduler = make_scheduler(self.optimizer, self.p.schedule)
         if self.p.select_by.higher_is_better and job.validation_score is None:
             raise ValueError(f"select_by={self.p.select_by}: the job has no validation_score")
-        self.train_data, self.valid_data = job.data(ctx.rank, ctx.world_size)
+        self.eval_batch = LargestBatch()
+        self._eval_limit = self.p.max_eval_batches or self.p.max_batches_per_epoch
+        self._eval_size = self.p.eval_batch_size or self.p.batch_size
+        grow = self._eval_limit is None and self.p.eval_batch_size is None
+        self._eval_start = first_eval_batch(self._eval_size, ctx.device, ctx.world_size, grow)
+        self.data_options = DataOptions(
+            pad_to=PAD_MULTIPLE if self.compiled else 1,
+            eval_batch_size=self._eval_start if ctx.device.type == "cuda" else None,
+        )
+        self.train_data, self.valid_data = job.data(ctx.rank, ctx.world_size, self.data_options)
+        self._valid_size = self._eval_start  # the batch size valid_data was made with
+        avg = self.p.averaging
+        self.averager = WeightAverage(avg, self.p.epochs, self.raw)
+        before_averaging = self.averager.start_epoch if self.averager.enabled else self.p.epochs
+        self.scheduler = make_scheduler(
+            self.optimizer, self.p.schedule, self.planned_steps(before_averaging)
+        )
         self.progress = Progress()
         self.best_state: dict[str, Tensor] | None = None
         self.last_eval: dict[str, float] = {}
@@ -140,6 +193,7 @@ class _Run:
         self.sink = job.sink() if (job.sink is not None and ctx.rank == 0) else NullTracker()
         self._window = TrainWindow()
         self._nonfinite: Tensor | None = None  # count of non-finite training losses, on device
+        self._warm = False  # a step has run in this process (compiled, allocated)
         self.bar = Reporter(job.label or f"train {job.name}", show=False)  # run() replaces it
         self._loss_info = ""  # the last logged train loss, as progress shows it
 
@@ -151,6 +205,7 @@ class _Run:
         self.scheduler.load_state_dict(state.scheduler)
         self.progress = state.position
         self.best_state = state.best_model
+        self.averager.load(state.average, state.average_count)
         self.last_eval = dict(state.metrics)
         if len(state.rng) != self.ctx.world_size:
             raise RuntimeError(
@@ -182,6 +237,8 @@ class _Run:
             rng=rngs,
             metrics=dict(self.last_eval),
             seed=self.p.seed,
+            average=self.averager.state(self.raw),
+            average_count=self.averager.count,
         )
 
     def diverged(self, what: str) -> None:
@@ -219,9 +276,31 @@ class _Run:
         return torch.autocast(device_type=self.ctx.device.type, dtype=self.dtype)
 
     def train_step(self, batch: Batch) -> None:
-        """One optimizer step on ``batch`` (already on the device)."""
+        """One optimizer step on ``batch`` (already on the device); the log step's reads
+        of the device come after it."""
         p, prog = self.p, self.progress
         self.model.train()
+        with host_sync_check(self.job.sync_debug if self._warm else None, self.ctx.device):
+            out, grad_norm, lr = self.update(batch)
+        self._warm = True
+        prog.step += 1
+        prog.batch_in_epoch += 1
+        if prog.step % p.log_every == 0:
+            self.check_finite()
+        # Only rank 0 logs: other ranks skip the accumulation and its kernels altogether.
+        if self.sink.recording or self.bar.mode != Mode.OFF:
+            self._window.add(out, grad_norm, lr, batch.batch_size)
+            if prog.step % p.log_every == 0:
+                metrics = self._window.flush(self.task)
+                self.sink.log_metrics(metrics, prog.step)
+                self._loss_info = f"loss {metrics['train_loss']:.4g}"
+                self._show_info()
+
+    def update(self, batch: Batch) -> tuple[LossOutput, Tensor | None, float]:
+        """Forward, backward, clip, optimizer step, then the schedule or the average: what
+        must not wait for the device. The loss output, the gradient norm and the learning
+        rate the step used."""
+        p, prog = self.p, self.progress
         if isinstance(self.raw, StepHook):
             self.raw.on_train_step(prog.step, prog.epoch)
         with self.autocast():
@@ -240,32 +319,16 @@ class _Run:
         )
         lr = self.optimizer.param_groups[0]["lr"]
         self.optimizer.step()
-        self.scheduler.step()
-        prog.step += 1
-        prog.batch_in_epoch += 1
-        if prog.step % p.log_every == 0:
-            self.check_finite()
-        # Only rank 0 logs: other ranks skip the accumulation and its kernels altogether.
-        if self.sink.recording or self.bar.mode != Mode.OFF:
-            self._window.add(out, grad_norm, lr, batch.batch_size)
-            if prog.step % p.log_every == 0:
-                metrics = self._window.flush(self.task)
-                self.sink.log_metrics(metrics, prog.step)
-                self._loss_info = f"loss {metrics['train_loss']:.4g}"
-                self._show_info()
+        if self.averager.active:
+            self.averager.update()  # the schedule stands still while averaging
+        else:
+            self.scheduler.step()
+        return out, grad_norm, lr
 
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
         self.raw.eval()
-        totals = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
-        self.valid_data.set_epoch(0)
-        limit = self.p.max_eval_batches or self.p.max_batches_per_epoch
-        batches = itertools.islice(self.valid_data.iter_from(0), limit)
-        for batch in to_device(batches, self.ctx.device):
-            with self.autocast():
-                out = self.raw.loss(batch)
-            totals[0] += out.nll_sum.double()
-            totals[1] += out.n_tokens.double()
+        totals = self.eval_batch.run(self.validation_totals, self._eval_start)
         totals = self.ctx.all_reduce(totals)
         n = int(totals[1].item())
         loss = float(totals[0] / totals[1]) if n > 0 else math.inf
@@ -275,6 +338,34 @@ class _Run:
         mine = scorer.decode(self.raw, self.ctx.rank, self.ctx.world_size, self.ctx.device)
         outputs = [row for part in self.ctx.gather(mine) for row in part]
         return EvalResult(loss, n, scorer.score(outputs))
+
+    def validation_data(self, size: int) -> EpochData:
+        """This rank's validation batches at ``size`` (global) examples a batch."""
+        if size != self._valid_size:
+            options = DataOptions(self.data_options.pad_to, eval_batch_size=size)
+            self.valid_data = self.job.data(self.ctx.rank, self.ctx.world_size, options)[1]
+            self._valid_size = size
+        return self.valid_data
+
+    def validation_totals(self, size: int) -> Tensor:
+        """This rank's validation NLL sum and token count (float64, on the device) at
+        batches of ``size`` examples."""
+        totals = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        data = self.validation_data(size)
+        data.set_epoch(0)
+        limit = batch_limit(self._eval_limit, self._eval_size, size)
+        for batch in to_device(itertools.islice(data.iter_from(0), limit), self.ctx.device):
+            with self.autocast():
+                out = self.raw.loss(batch)
+            totals[0] += out.nll_sum.double()
+            totals[1] += out.n_tokens.double()
+        return totals
+
+    def validate(self) -> None:
+        """Evaluate the weights the run would keep now (the average, while averaging),
+        and select on the result."""
+        with self.averager.applied():
+            self.after_eval(self.evaluate())
 
     def after_eval(self, result: EvalResult) -> None:
         self.check_finite()
@@ -315,12 +406,22 @@ class _Run:
 
     def evaluate_if_new(self) -> None:
         if self.progress.last_eval_step != self.progress.step:
-            self.after_eval(self.evaluate())
+            self.validate()
 
     # ----------------------------------------------------------------- epochs
 
+    def begin_averaging(self) -> None:
+        """Averaging starts from the current weights, at ``lr_factor`` times the current
+        learning rate (the optimizer's state, so a checkpoint keeps it)."""
+        self.averager.begin()
+        for group in self.optimizer.param_groups:
+            group["lr"] *= self.p.averaging.lr_factor
+        self.bar.note(f"step {self.progress.step}: averaging the weights from here on")
+
     def run_epoch(self) -> None:
         p, prog = self.p, self.progress
+        if self.averager.due(prog.epoch):
+            self.begin_averaging()
         self.train_data.set_epoch(prog.epoch)
         n_batches = len(self.train_data)
         if p.max_batches_per_epoch is not None:
@@ -337,7 +438,7 @@ class _Run:
             self.train_step(batch)
             self.bar.advance(1)
             if p.eval_every is not None and prog.step % p.eval_every == 0:
-                self.after_eval(self.evaluate())
+                self.validate()
                 if not prog.finished:
                     self.publish(with_checkpoint=False)
             if p.max_steps is not None and prog.step >= p.max_steps:
@@ -358,12 +459,14 @@ class _Run:
         epoch = f"epoch {self.progress.epoch + 1}/{self.p.epochs}" if self.p.epochs > 1 else ""
         self.bar.update(info=", ".join(part for part in (epoch, self._loss_info) if part))
 
-    def planned_steps(self) -> int:
-        """The steps the run makes unless it stops early (the progress total)."""
+    def planned_steps(self, epochs: int | None = None) -> int:
+        """The steps of the run's first ``epochs`` (default: all) unless it stops early
+        (the progress total; the cosine's decay by default). Batches by tokens vary a
+        little in number from epoch to epoch: the first epoch's count stands for each."""
         per_epoch = len(self.train_data)
         if self.p.max_batches_per_epoch is not None:
             per_epoch = min(per_epoch, self.p.max_batches_per_epoch)
-        total = self.p.epochs * per_epoch
+        total = (self.p.epochs if epochs is None else epochs) * per_epoch
         return min(total, self.p.max_steps) if self.p.max_steps is not None else total
 
     def run(self) -> dict[str, float]:
@@ -388,28 +491,6 @@ class _Run:
             if prog.stop_reason == "early_stopping":
                 self.bar.note(f"stopped early: no improvement in {self.p.patience} evaluations")
         return final_metrics(self.progress, self.task)
-
-
-def final_metrics(progress: Progress, task: Task | str) -> dict[str, float]:
-    """A run's outcome: the validation loss (and perplexity) of the kept weights (the
-    lowest, unless the run selects on a score: then ``best_valid_score`` too), where, and
-    how long."""
-    out = {
-        "best_valid_loss": progress.best_loss,
-        "best_step": float(progress.best_step),
-        "steps": float(progress.step),
-        "epochs": float(progress.epoch),
-    }
-    if Task(task) != Task.SELECT:
-        out["best_valid_ppl"] = perplexity_of(progress.best_loss)
-    if math.isfinite(progress.best_score):
-        out["best_valid_score"] = progress.best_score
-    return out
-
-
-def summary(state: TrainingState) -> dict[str, float]:
-    """The final metrics recorded in a checkpoint."""
-    return final_metrics(state.position, state.task)
 
 
 def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:

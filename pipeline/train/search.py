@@ -74,7 +74,8 @@ def sampled_model(sampled: dict[str, Any]) -> dict[str, Any]:
 
 def trial_params(base: RunParams, tune_params: TuneParams, sampled: dict[str, Any]) -> RunParams:
     """``base`` with the sampled values, ``epochs_per_trial`` epochs, one evaluation and
-    one report per epoch (ASHA's unit of time), and no early stopping (ASHA decides)."""
+    one report per epoch (ASHA's unit of time), no early stopping (ASHA decides) and no
+    parameter averaging (it belongs to the last epochs of a whole run)."""
     optimizer = base.optimizer.model_validate(
         {**base.optimizer.model_dump(), **sampled.get("optimizer", {})}
     )
@@ -88,6 +89,7 @@ def trial_params(base: RunParams, tune_params: TuneParams, sampled: dict[str, An
             "checkpoint_every": None,
             "patience": None,
             "max_steps": None,
+            "averaging": {"kind": "none"},
         }
     )
 

@@ -60,7 +60,7 @@ def check_reachable(plan: RunPlan) -> None:
             "or an s3:// or gs:// URI",
         )
     require_shared(
-        plan.layout.root / "data", "project", "the tokenized corpus is under", PROJECT_ON_SHARED_FS
+        plan.layout.data_dir, "project", "the tokenized corpus is under", PROJECT_ON_SHARED_FS
     )
 
 
@@ -135,7 +135,8 @@ def describe_model(plan: RunPlan) -> str:
 
 
 def sample_generations(model_file: Path, plan: RunPlan) -> str:
-    """Greedy responses of the exported model to the first validation histories."""
+    """Greedy responses of the exported model to the first validation histories (none
+    where the valid split has no example)."""
     n = plan.tracking.sample_generations
     if plan.task != Task.GENERATE or n == 0:
         return ""
@@ -146,7 +147,9 @@ def sample_generations(model_file: Path, plan: RunPlan) -> str:
     loader = BatchLoader(
         open_split(plan.shards, plan.task, Split.VALID), n, shuffle=False, bucket=False
     )
-    batch = next(iter(loader))
+    batch = next(iter(loader), None)
+    if batch is None:
+        return ""
     with torch.no_grad():
         max_length = plan.corpus_params.generate.max_response
         out = generate(model, batch, DecodeConfig(max_length=max_length))

@@ -22,8 +22,9 @@ import torch
 from pipeline import machine
 from pipeline.artifacts import MANIFEST_FILE, WALL_SECONDS, TrainedSeed, TrainRecord
 from pipeline.cluster import ray_cluster
+from pipeline.config import Selection
 from pipeline.data.loader import load_vocab
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DataError
 from pipeline.models.word_vectors import (
     DimensionError,
     WordVectors,
@@ -83,6 +84,7 @@ def train_plan(plan: RunPlan, show_progress: bool = True) -> TrainedSeed:
     # a resumed run's checkpoint holds the embeddings it started from: no second read
     vectors = None if resumes else read_vectors(plan)
     tracker = start_tracker(plan, resumes)
+    exported = False
     try:
         tracker.log_params(
             {
@@ -101,13 +103,18 @@ def train_plan(plan: RunPlan, show_progress: bool = True) -> TrainedSeed:
             tracker.log_metrics({f"word_vectors_{k}": v for k, v in coverage.items()}, step=0)
         job = train_job(plan, tracker.sink, show_progress, vectors)
         result = fit(job, plan.workers, plan.placement, plan.storage)
+        if result.state.best_model is None:
+            raise _unvalidated(plan, result.state.position.last_eval_step)
         result.state.exported(result.metrics, plan.name).write(plan.model_file)
+        exported = True
         mlflow = None
         if tracker.recording:
             mlflow = track_final(plan, tracker, plan.model_file, result)  # type: ignore[arg-type]
         tracker.end()
     except BaseException:
         tracker.end("FAILED")
+        if exported:  # a failure after the export: no model.pt that looks like a result
+            plan.model_file.unlink(missing_ok=True)
         raise
     layout = plan.layout
     local = "://" not in result.checkpoint
@@ -119,6 +126,28 @@ def train_plan(plan: RunPlan, show_progress: bool = True) -> TrainedSeed:
         metrics=result.metrics,
         tuned_from=plan.tuned_from,
         mlflow=mlflow,
+    )
+
+
+def _unvalidated(plan: RunPlan, last_eval_step: int) -> DataError:
+    """The error of a run whose evaluations, the last at ``last_eval_step``, never gave a
+    finite value of what selects its weights (``select_by``): no validation chose any, so
+    nothing is exported (the checkpoint's fallback, the final weights, would pass for a
+    result). A validation loss is infinite only where the valid split has no target token,
+    which tokenize refuses (``data.coverage``): shards tokenized before it did are the
+    likely cause."""
+    select = plan.knobs.select_by
+    cause = (
+        f": the valid split holds no {plan.task.value} target token"
+        if select is Selection.VALID_LOSS
+        else ""
+    )
+    return DataError(
+        plan.layout.relative(plan.shards),
+        f"no validation chose the weights of seed {plan.knobs.seed}: no evaluation (the "
+        f"last at step {last_eval_step}) gave a finite {select.metric.replace('_', ' ')}{cause}"
+        f"; nothing exported: tokenize {plan.corpus} again (`dvc repro "
+        f"tokenize@{plan.corpus}`), which refuses a corpus whose valid split gives no example",
     )
 
 

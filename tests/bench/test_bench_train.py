@@ -1,16 +1,14 @@
-"""The training benchmark's candidates train on the same batch; the Ray step stamps."""
+"""The training benchmark's candidates train on the same batch."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from bench.bench_train import CANDIDATES, SCALES, StepStamps, build, train_step
+from bench.bench_train import CANDIDATES, SCALES, build, train_step
 from bench.common import synthetic_batch
 from pipeline.models.layers import MultiHeadAttention
 
@@ -36,15 +34,3 @@ def test_candidate_learns_the_batch(name: str) -> None:
     if name == "transformer_p0":
         attention = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
         assert attention and all(m.dropout == 0.0 for m in attention)
-
-
-def test_step_stamps_record_training_steps_only(tmp_path: Path) -> None:
-    path = tmp_path / "stamps.jsonl"
-    sink = StepStamps(str(path))()
-    assert sink.recording  # the loop logs its training steps only to a recording sink
-    sink.log_metrics({"train_loss": 1.0, "lr": 0.1}, step=1)
-    sink.log_metrics({"valid_loss": 2.0, "epoch": 0.0}, step=1)
-    sink.log_metrics({"train_loss": 0.9, "lr": 0.1}, step=2)
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [line["step"] for line in lines] == [1, 2]
-    assert lines[0]["time"] <= lines[1]["time"] and lines[0]["threads"] >= 1

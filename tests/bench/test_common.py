@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from bench.common import Samples, interleaved, number, synthetic_batch, table
+from bench.common import MetricStamps, Samples, interleaved, number, synthetic_batch, table
 from pipeline.data.special import BOS_ID, EOS_ID
 from pipeline.models.utterances import split_utterances
 
@@ -61,3 +63,21 @@ def test_synthetic_batch_follows_the_batch_contract() -> None:
     assert int(split_utterances(h).mask.sum()) == int(lengths.sum())
     again = synthetic_batch(batch_size=5, history=40, target=10, vocab_size=60, seed=3)
     assert torch.equal(again.history.input_ids, h.input_ids)
+
+
+def test_metric_stamps_record_every_log_with_one_clock(tmp_path: Path) -> None:
+    sink = MetricStamps(str(tmp_path / "stamps.jsonl"))()
+    assert sink.recording  # the loop logs its training steps only to a recording sink
+    assert sink.read() == []
+    sink.log_metrics({"train_loss": 1.0, "tokens_per_s": 10.0}, step=1)
+    sink.log_metrics({"valid_loss": 2.0, "epoch": 0.0}, step=1)
+    sink.log_metrics({"train_loss": 0.9, "tokens_per_s": 12.0}, step=2)
+    lines = sink.read()
+    assert [(line["step"], "train_loss" in line) for line in lines] == [
+        (1, True),
+        (1, False),
+        (2, True),
+    ]
+    assert lines[1]["valid_loss"] == 2.0 and lines[2]["tokens_per_s"] == 12.0
+    assert lines[0]["time"] <= lines[1]["time"] <= lines[2]["time"]
+    assert lines[0]["threads"] >= 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifacts import SOURCES_FILE, DownloadRecord
-from pipeline.config import CorpusSource, DownloadParams, TokenizeParams
+from pipeline.config import CorpusSource, DownloadParams, SourceFormat, TokenizeParams, parse_params
 from pipeline.data.corpora import corpus_spec, read_corpus
 from pipeline.data.download import download_corpus
 from pipeline.data.formats.convlab import SPEAKERS
@@ -122,6 +122,39 @@ def test_the_spec_has_the_traits_of_its_format() -> None:
         corpus_spec("mychats")
 
 
+@pytest.mark.parametrize(
+    ("source_fields", "key", "reason"),
+    [
+        (
+            {"splits": {s: {"file": f"{s}.json"} for s in ("train", "valid", "test")}},
+            "splits",
+            "a ConvLab data.zip holds its own splits: give one file",
+        ),
+        (
+            {"file": "d.zip", "targets": "user"},
+            "targets",
+            "a ConvLab data.zip answers as the system",
+        ),
+    ],
+)
+def test_a_formats_traits_decide_what_its_source_may_say(
+    source_fields: dict, key: str, reason: str
+) -> None:
+    """ConvLab's row (``own_splits``, ``answers_as``) refuses what a chat file takes."""
+
+    def params(form: str) -> dict:
+        declared = {"format": form, **source_fields}
+        return {"corpora": ["mine"], "tokenize": {"corpora": {"mine": {"source": declared}}}}
+
+    with pytest.raises(ConfigError) as err:
+        parse_params(params("convlab_unified"))
+    assert err.value.key == f"tokenize.corpora.mine.source.{key}"
+    assert err.value.reason.startswith(reason)
+    traits = SourceFormat.CHAT_JSONL.traits
+    assert not traits.own_splits and traits.answers_as is None
+    parse_params(params("chat_jsonl"))
+
+
 def tokenize(project: Path, declared: CorpusSource, on_error: str = "raise", **corpus: object):
     folder = download(declared)
     params = TokenizeParams.model_validate(
@@ -165,6 +198,63 @@ def test_skipped_records_are_counted_by_reason(project: Path) -> None:
     assert record.skipped["malformed_records"] == 3
     assert record.skipped["single_turn_dialogues"] == 1  # counted, not an error
     assert record.rows(Task.GENERATE, "train") > 0 and record.rows(Task.LM, "train") > 0
+
+
+CHAT_FIX = (
+    'write its dialogues as one JSON object per line, {"messages": [{"role": "user", '
+    '"content": "Hi"}, {"role": "assistant", "content": "Hello"}]}, or point '
+    "tokenize.corpora.mychats.source.file at the file that holds them"
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [
+        ("", "the file is empty"),
+        ("\n \n\r\n", "the file is empty"),
+        (
+            '{"messages": [{"role": "system", "content": "Be brief."}]}\n',
+            "no dialogue with a turn in the file",
+        ),
+    ],
+)
+def test_a_chat_file_without_dialogues_stops_naming_the_declared_file_and_the_fix(
+    project: Path, content: str, what: str
+) -> None:
+    """Issue 34, item 6: the user's own path as declared (not data/raw/mychats), what is
+    wrong with it, and the fix, on one line, before any vocabulary is built."""
+    (project / "mine" / "empty.jsonl").write_text(content)
+    with pytest.raises(DataError) as err:
+        tokenize(project, source(file="mine/empty.jsonl"))
+    assert str(err.value) == f"mine/empty.jsonl: {what}: {CHAT_FIX}"
+
+
+def test_a_declared_file_without_dialogues_is_named_by_its_own_key(project: Path) -> None:
+    for split in ("train", "test"):
+        chat_file(project / "per" / f"{split}.jsonl", n=4)
+    (project / "per" / "valid.jsonl").write_text("")
+    declared = source(splits={s: {"file": f"per/{s}.jsonl"} for s in ("train", "valid", "test")})
+    with pytest.raises(
+        DataError,
+        match=r"^per/valid\.jsonl: the file is empty: .* point "
+        r"tokenize\.corpora\.mychats\.source\.splits\.valid\.file at",
+    ):
+        tokenize(project, declared)
+    (project / "mine" / "bad.jsonl").write_text("not json\n" + BAD[3] + "\n")
+    with pytest.raises(
+        DataError,
+        match=r"^mine/bad\.jsonl: no dialogue in the file: its 2 "
+        r"malformed records were skipped \(tokenize\.on_error: skip\): write",
+    ):
+        tokenize(project, source(file="mine/bad.jsonl"), on_error="skip")
+    (project / "mine" / "none.json").write_text("[]")
+    convlab = CorpusSource(format="convlab_unified", file="mine/none.json")
+    with pytest.raises(
+        DataError,
+        match=r"^mine/none\.json: no dialogue with a turn in the "
+        r"file: write its dialogues as ConvLab-3's unified format",
+    ):
+        tokenize(project, convlab)
 
 
 def test_assistant_targets_answer_only_as_the_assistant(project: Path) -> None:

@@ -19,18 +19,24 @@ from pipeline.data.encoding import (
     profile_courses,
     vocab_texts,
 )
-from pipeline.data.examples import build_generate, build_lm, build_select
+from pipeline.data.examples import (
+    build_generate,
+    build_lm,
+    build_prompts,
+    build_select,
+    request_dialogue,
+)
 from pipeline.data.records import (
     KNOWLEDGE_PRIOR,
     KNOWLEDGE_SUGGESTED,
     ExampleTable,
     GenerateExample,
-    examples_equal,
 )
 from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF
 from pipeline.data.vocab import build_vocab
 from pipeline.errors import ConfigError
 from tests.batches import chitchat_dialogues
+from tests.data.equality import examples_equal
 
 B, E = BOS_ID, EOS_ID
 
@@ -74,6 +80,23 @@ def test_history_truncation_keeps_the_most_recent_tokens_and_rebases_positions()
     assert e.input_ids.tolist() == [E, B, 30, 31, 32, 33, E]
     assert e.utt_index.tolist() == [0, 1, 1, 1, 1, 1, 1]
     assert e.utt_pos.tolist() == [0, *range(6)]
+
+
+def test_a_request_is_answered_after_its_last_turn_as_training_answers_a_turn() -> None:
+    """``request_dialogue``: turns alternate back from the other party's last one, "self"
+    answers; ``build_prompts``: the history of the response after the last turn is the
+    one ``build_generate`` gives the same turn, and the target is ``<bos>`` alone."""
+    request = request_dialogue("r", ["a b", "c", "d e f"])
+    assert [t.speaker for t in request.turns] == ["other", "self", "other"]
+    assert request.meta == {"response_speaker": "self"}
+    assert [t.text for t in request_dialogue("r", []).turns] == [""]  # one empty turn
+    three = dialogue("d", "ABA", *ABAB.utterances[:3])
+    for params in (GenerateParams(max_history=100), GenerateParams(max_history=8)):
+        (prompt,) = build_prompts([three], params)
+        trained = only(build_generate([ABAB], params), 3)
+        for column in ("input_ids", "utt_index", "utt_pos", "speaker"):
+            assert getattr(prompt, column).tolist() == getattr(trained, column).tolist(), column
+        assert prompt.target_ids.tolist() == [B] and prompt.turn == 3
 
 
 def test_max_utterances_and_max_response() -> None:

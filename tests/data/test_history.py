@@ -12,7 +12,7 @@ from pipeline.data.corpora import read_corpus
 from pipeline.data.encoding import encode_dialogues, vocab_texts
 from pipeline.data.examples import build_generate
 from pipeline.data.vocab import build_vocab
-from pipeline.serving import ServingSpec, encode_histories
+from pipeline.serving import ServingSpec, generate_batch
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,7 @@ def test_serving_encodes_a_dialogue_exactly_as_training_did(max_history, max_utt
     for i in range(len(table)):
         example = table[i]
         texts = [t.text for t in by_id[example.dialogue_id].turns[: example.turn]]
-        served = encode_histories([texts], vocab, spec)
+        served = generate_batch([texts], vocab, spec).history
         n = int(served.input_mask[0].sum())
         for column in ("input_ids", "utt_index", "utt_pos", "speaker"):
             got = getattr(served, column)[0, :n].numpy()

@@ -21,9 +21,9 @@ from pipeline.data.loader import (
     collate,
     load_vocab,
     open_split,
-    plan_batches,
     read_manifest,
 )
+from pipeline.data.plans import plan_batches
 from pipeline.data.records import (
     KNOWLEDGE_PRIOR,
     KNOWLEDGE_SUGGESTED,
@@ -224,6 +224,58 @@ def test_loader_over_real_shards(chitchat: Path) -> None:
     assert batch.candidate_ids.shape[1] == 12 and batch.labels.sum().item() == 4
     first = next(iter(BatchLoader(open_split(chitchat, Task.GENERATE, "train"), 4, shuffle=False)))
     assert vocab.decode(first.target_ids[0]).strip()
+
+
+def test_lengths_padded_to_a_multiple_hold_the_same_tokens() -> None:
+    docs = [LMExample("d", 0, [arr(4, 5, 3), arr(6, 3)]), LMExample("e", 0, [arr(7, 3)])]
+    plain, padded = collate(docs), collate(docs, pad_to=8)
+    assert isinstance(padded, LMBatch) and isinstance(plain, LMBatch)
+    assert padded.sentences.shape == (2, 2, 8) and padded.flat_ids.shape == (2, 8)
+    assert plain.sentences.shape == (2, 2, 3) and plain.flat_ids.shape == (2, 5)
+    assert torch.equal(padded.sentences[..., :3], plain.sentences)
+    assert not padded.sentence_mask[..., 3:].any() and not padded.sentences[..., 3:].any()
+    assert torch.equal(padded.flat_ids[:, :5], plain.flat_ids)
+    assert torch.equal(padded.flat_mask.sum(1), plain.flat_mask.sum(1))
+    a = GenerateExample("a", 1, arr(2, 7, 3), arr(0, 0, 0), arr(0, 1, 2), arr(2, 2, 2),
+                        arr(2, 9, 9, 3))  # fmt: skip
+    batch = collate([a], pad_to=4)
+    assert batch.history.input_ids.shape == (1, 4) and batch.target_ids.shape == (1, 4)
+    assert batch.history.input_mask.tolist() == [[True, True, True, False]]
+    assert batch.history.speaker.shape == batch.history.utt_pos.shape == (1, 4)
+
+
+@pytest.mark.slow
+def test_batches_by_tokens_over_real_shards(chitchat: Path) -> None:
+    for task in (Task.GENERATE, Task.SELECT, Task.LM):
+        dataset = open_split(chitchat, task, "train")
+        counts = dataset.token_counts()
+        example = dataset[3]
+        if task == Task.LM:
+            assert counts[3] == sum(len(s) for s in example.sentences)
+        elif task == Task.SELECT:
+            tokens = sum(len(c) for c in example.candidate_ids) + len(example.input_ids)
+            assert counts[3] == tokens
+        else:
+            assert counts[3] == len(example.input_ids) + len(example.target_ids)
+        budget = int(counts.max()) * 3
+        loaders = [BatchLoader(dataset, 1, seed=3, rank=r, world_size=2, batch_tokens=budget,
+                               pad_to=8) for r in range(2)]  # fmt: skip
+        for epoch in (0, 1):
+            plans = []
+            for loader in loaders:
+                loader.set_epoch(epoch)
+                plans.append(loader.batches())
+                assert len(loader) == len(plans[-1])  # every rank the same count
+            assert len(plans[0]) == len(plans[1])
+            assert sorted(i for plan in plans for b in plan for i in b) == list(range(len(dataset)))
+        batches = list(loaders[0])
+        assert len(batches) == len(loaders[0])
+        for batch, indices in zip(batches, loaders[0].batches(), strict=True):
+            padded = -(-counts[indices] // 8) * 8
+            assert batch.batch_size == len(indices)
+            assert len(indices) * padded.max() <= budget or len(indices) == 1
+            ids = batch.flat_ids if task == Task.LM else batch.history.input_ids
+            assert ids.shape[1] % 8 == 0
 
 
 def test_vocab_must_match_the_manifest(chitchat: Path, tmp_path: Path) -> None:

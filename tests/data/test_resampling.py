@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from pipeline.config import RunParams, SelectParams, TokenizeParams, parse_params
 from pipeline.data.loader import BatchLoader, ExampleDataset, collate, open_split
-from pipeline.data.records import Rows, SelectExample, examples_equal
+from pipeline.data.records import Rows, SelectExample
 from pipeline.data.resample import draws_key
 from pipeline.data.shards import read_manifest
 from pipeline.data.special import EOS_ID, SPEAKER_OTHER, SPEAKER_SELF
@@ -25,6 +25,7 @@ from pipeline.names import Task
 from pipeline.plan import RunPlan, RunRequest, plan_training
 from pipeline.train.job import ConfiguredModel, ShardBatches, ShardData
 from pipeline.train.loop import TrainJob, train_local
+from tests.data.equality import examples_equal
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 N_TRAIN = 4

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.artifacts import MANIFEST_FILE, SOURCES_FILE, DownloadRecord, VerifiedFile
-from pipeline.config import Params, TokenizeParams
+from pipeline.config import CorpusSource, DownloadParams, Params, TokenizeParams
+from pipeline.data.download import download_corpus
 from pipeline.data.formats import ParseStats
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.shards import read_manifest
@@ -89,7 +90,7 @@ def broken_chitchat(root: Path) -> Path:
 
 def test_malformed_records_raise_or_are_counted(tmp_path: Path) -> None:
     raw = broken_chitchat(tmp_path / "raw")
-    settings = {"split": {"valid": 0.0, "test": 0.0}, "select": {"n_candidates_train": 2}}
+    settings = {"select": {"n_candidates_train": 2}}
     with pytest.raises(DataError, match="bad"):
         tokenize_corpus("chitchat", raw, tmp_path / "out", tokenize_params(**settings))
     assert not (tmp_path / "out" / MANIFEST_FILE).exists()
@@ -100,7 +101,7 @@ def test_malformed_records_raise_or_are_counted(tmp_path: Path) -> None:
     assert manifest.skipped["malformed_records"] == 1 and "bad" in manifest.warnings[0]
     assert manifest.sources.files["dataset.json"].sha256 == "ab"
     assert read_manifest(tmp_path / "out").counts == {
-        "generate": {"train": 12, "valid": 0, "test": 0}
+        "generate": {"train": 10, "valid": 1, "test": 1}
     }
 
 
@@ -126,13 +127,13 @@ def test_stage_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     params = tmp_path / "params.yaml"
     params.write_text(
         "tokenize:\n  on_error: skip\n  corpora:\n    chitchat:\n"
-        "      split: {valid: 0.0, test: 0.0}\n      generate: {max_history: 20}\n"
+        "      generate: {max_history: 20}\n"
     )
     argv = ["chitchat", "--params", str(params), "--raw", str(raw.parent), "--out", str(tmp_path)]
     assert stage.main(argv) == 0
     out = capsys.readouterr().out
     assert "generate" in out and "malformed records 1" in out
-    assert read_manifest(tmp_path / "chitchat").counts["generate"]["train"] == 12
+    assert read_manifest(tmp_path / "chitchat").counts["generate"]["train"] == 10
     params.write_text("tokenize:\n  corpora:\n    chitchat:\n      generate: {max_history: 0}\n")
     assert stage.main(argv) == 1
     assert "tokenize.corpora.chitchat.generate.max_history" in capsys.readouterr().err
@@ -144,24 +145,23 @@ def test_stage_reports_each_step_in_a_log_and_nothing_with_no_progress(
     raw = broken_chitchat(tmp_path / "raw" / "chitchat")
     params = tmp_path / "params.yaml"
     params.write_text(
-        "tokenize:\n  on_error: skip\n  corpora:\n    chitchat:\n"
-        "      tasks: [generate, lm]\n      split: {valid: 0.0, test: 0.0}\n"
+        "tokenize:\n  on_error: skip\n  corpora:\n    chitchat:\n      tasks: [generate, lm]\n"
     )
     argv = ["chitchat", "--params", str(params), "--raw", str(raw.parent), "--out", str(tmp_path)]
     assert stage.main(argv) == 0
     lines = capsys.readouterr().err.splitlines()  # captured: no terminal, so lines
     steps = [line.split(", ")[1] for line in lines[1:-1]]
     assert lines[0] == "tokenize chitchat: step 0/11 (0%), reading the corpus"
-    # 3 splits (valid and test empty) x (encoding + 2 tasks) + reading + vocabulary
+    # 3 splits x (encoding + 2 tasks) + reading + vocabulary
     assert steps == [
         "building the vocabulary",
-        "encoding train (12 dialogues)",
+        "encoding train (10 dialogues)",
         "generate examples of train",
         "lm examples of train",
-        "encoding valid (0 dialogues)",
+        "encoding valid (1 dialogues)",
         "generate examples of valid",
         "lm examples of valid",
-        "encoding test (0 dialogues)",
+        "encoding test (1 dialogues)",
         "generate examples of test",
         "lm examples of test",
     ]
@@ -215,3 +215,117 @@ def test_resplit_train_splits_the_training_file_alone_like_the_u_net_authors(
     assert [d.id for d in again["test"]] == ids["test"]  # seeded
     with pytest.raises(ValueError, match="resplit_train: splits the training dialogues"):
         tokenize_params("personachat", resplit_train=True, train_on="valid")
+
+
+# --------------------------------------------------------------------------- empty splits
+
+
+def _chat(path: Path, n: int, turns: int = 5) -> None:
+    """``n`` dialogues of ``turns`` turns (``turns - 1`` generate examples each)."""
+    roles = ("user", "assistant")
+    lines = [
+        json.dumps({"messages": [{"role": roles[t % 2], "content": f"turn {t} of chat {i}"}
+                                 for t in range(turns)]})
+        for i in range(n)
+    ]  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{line}\n" for line in lines))
+
+
+def _declared(project: Path, source: dict, **corpus: object) -> DataError:
+    """The error of tokenizing corpus ``mychats`` declared as ``source`` in ``project``."""
+    declared = CorpusSource.model_validate({"format": "chat_jsonl", **source})
+    folder = download_corpus("mychats", "data/raw", DownloadParams(), False, declared)
+    params = tokenize_params("mychats", source=declared.model_dump(), **corpus)
+    out = project / "data" / "shards" / "mychats"
+    with pytest.raises(DataError) as err:
+        tokenize_corpus("mychats", folder, out, params)
+    assert not (out / MANIFEST_FILE).exists()  # nothing downstream can read
+    return err.value
+
+
+NEEDS = "a training run needs valid examples to choose its weights and evaluate needs test examples"
+
+
+def test_a_chat_file_of_one_dialogue_is_refused_naming_the_counts_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: tokenize printed `generate │ 4 │ 0 │ 0`, and the train stage exported the
+    untrained step-0 weights of a run that never validated."""
+    monkeypatch.chdir(tmp_path)
+    _chat(tmp_path / "mine" / "one.jsonl", n=1)
+    err = _declared(tmp_path, {"file": "mine/one.jsonl"})
+    assert str(err) == (
+        f"mine/one.jsonl: generate has 4 train, 0 valid, 0 test examples; {NEEDS}: add "
+        "dialogues (the corpus has 1; tokenize.corpora.mychats.split sends 10% to valid and "
+        "10% to test, which gives each split one from 6 dialogues on)"
+    )
+    # 4 dialogues: too few for 10%, enough for a quarter each; the task that lacks a split
+    # may be dropped where another task has every split
+    _chat(tmp_path / "mine" / "one.jsonl", n=4)
+    err = _declared(tmp_path, {"file": "mine/one.jsonl"}, tasks=["generate", "lm"])
+    assert str(err).endswith(
+        "from 6 dialogues on), or set tokenize.corpora.mychats.split.valid and .test to 0.25"
+    )
+    _chat(tmp_path / "mine" / "one.jsonl", n=4)
+    split = {"valid": 0.25, "test": 0.25}
+    record = tokenize_corpus(
+        "mychats",
+        tmp_path / "data" / "raw" / "mychats",
+        tmp_path / "data" / "shards" / "mychats",
+        tokenize_params("mychats", source={"format": "chat_jsonl", "file": "mine/one.jsonl"},
+                        split=split),
+    )  # fmt: skip
+    assert record.counts == {"generate": {"train": 8, "valid": 4, "test": 4}}
+
+
+def test_a_split_file_whose_dialogues_give_no_example_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for split in ("train", "test"):
+        _chat(tmp_path / "per" / f"{split}.jsonl", n=3)
+    _chat(tmp_path / "per" / "valid.jsonl", n=2, turns=1)  # a question, no answer
+    splits = {s: {"file": f"per/{s}.jsonl"} for s in ("train", "valid", "test")}
+    err = _declared(tmp_path, {"splits": splits, "targets": "assistant"})
+    assert str(err) == (
+        "per/valid.jsonl: generate has 6 train, 0 valid, 6 test examples; a training run needs "
+        "valid examples to choose its weights: its 2 valid dialogues give no generate "
+        "example: add valid dialogues that do"
+    )
+
+
+def test_a_split_fraction_of_0_is_refused_for_a_built_in_corpus(tmp_path: Path) -> None:
+    """Chitchat splits its conversations by ``split``: with ``valid: 0`` it has none."""
+    raw = broken_chitchat(tmp_path / "raw")
+    settings = {"on_error": "skip", "corpora": {"chitchat": {"split": {"valid": 0.0}}}}
+    with pytest.raises(DataError) as err:
+        tokenize_corpus(
+            "chitchat", raw, tmp_path / "out", Params.model_validate({"tokenize": settings})
+        )
+    assert str(err.value) == (
+        f"{raw}: generate has 11 train, 0 valid, 1 test examples; a training run needs valid "
+        "examples to choose its weights: tokenize.corpora.chitchat.split.valid is 0: set it "
+        "above 0"
+    )
+
+
+def test_the_stage_refuses_a_corpus_with_an_empty_split_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _chat(tmp_path / "mine" / "one.jsonl", n=1)
+    declared = CorpusSource.model_validate({"format": "chat_jsonl", "file": "mine/one.jsonl"})
+    download_corpus("mychats", "data/raw", DownloadParams(), False, declared)
+    (tmp_path / "params.yaml").write_text(
+        "corpora: [mychats]\ntokenize:\n  corpora:\n    mychats:\n"
+        "      source: {format: chat_jsonl, file: mine/one.jsonl}\n"
+    )
+    assert stage.main(["mychats", "--no-progress"]) == 1
+    said = capsys.readouterr()
+    assert said.err == (
+        f"tokenize mychats: mine/one.jsonl: generate has 4 train, 0 valid, 0 test examples; "
+        f"{NEEDS}: add dialogues (the corpus has 1; tokenize.corpora.mychats.split sends 10% "
+        "to valid and 10% to test, which gives each split one from 6 dialogues on)\n"
+    )
+    assert "│" not in said.out  # no table of counts, as if it had worked

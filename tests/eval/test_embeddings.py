@@ -1,4 +1,5 @@
-"""Word vectors: deterministic word2vec training, word2vec text/binary/GloVe loading."""
+"""Word vectors: deterministic word2vec training, word2vec text/binary/GloVe loading, and
+gensim imported only when vectors are trained or read."""
 
 from __future__ import annotations
 
@@ -11,15 +12,8 @@ import numpy as np
 import pytest
 from gensim.models import KeyedVectors
 
-from pipeline.data.dialogue import Dialogue, Turn
 from pipeline.errors import DataError
-from pipeline.eval.embeddings import (
-    dialogue_sentences,
-    load_vectors,
-    save_vectors,
-    sniff_format,
-    train_word2vec,
-)
+from pipeline.eval.embeddings import load_vectors, sniff_format, train_word2vec
 
 REPO = Path(__file__).resolve().parents[2]
 SENTENCES = [
@@ -73,22 +67,11 @@ def test_training_rejects_empty_corpus_and_bad_sizes():
         train_word2vec(SENTENCES, min_count=99)
 
 
-def test_dialogue_sentences_use_the_vocabulary_tokenizer():
-    dialogue = Dialogue(
-        "d", (Turn("a", "Hi, you!"), Turn("b", "   "), Turn("a", "at [hotel_name]"))
-    )
-    assert list(dialogue_sentences([dialogue])) == [
-        ["hi", ",", "you", "!"],
-        ["at", "[hotel_name]"],
-    ]
-    assert next(dialogue_sentences([dialogue], lowercase=False))[0] == "Hi"
-
-
 @pytest.mark.parametrize("binary", [False, True])
 def test_save_and_load_round_trip_with_format_detection(tmp_path, binary):
     kv = small()
     path = tmp_path / ("vectors.bin" if binary else "vectors.txt")
-    save_vectors(kv, path, binary=binary)
+    kv.save_word2vec_format(str(path), binary=binary)
     assert sniff_format(path) == (binary, True)
     loaded = load_vectors(path)
     assert loaded.index_to_key == kv.index_to_key
@@ -114,3 +97,19 @@ def test_bad_vector_files_raise_data_errors(tmp_path):
     short.write_text("2 3\ncat 0.1 0.2 0.3\n")  # header promises 2 vectors, one follows
     with pytest.raises(DataError, match=r"short\.txt"):
         load_vectors(short)
+
+
+@pytest.mark.slow
+def test_the_evaluation_code_imports_gensim_only_to_compute_vectors():
+    """The evaluation path runs where gensim is not installed (``bench.gpu_check``)."""
+    code = (
+        "import sys\n"
+        "import pipeline.eval.generation\n"
+        "print('gensim' in sys.modules)\n"
+        "from pipeline.eval.embeddings import train_word2vec\n"
+        "train_word2vec([['a', 'b']], dim=2, epochs=1)\n"
+        "print('gensim' in sys.modules)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["False", "True"]

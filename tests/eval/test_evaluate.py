@@ -149,6 +149,13 @@ def test_aggregate_means_and_ci_over_seeds():
     assert "n_examples_ci95" not in three
 
 
+def test_settings_recorded_beside_metrics_get_no_interval():
+    stream = {"lm_stream_context_tokens": 130.0, "lm_stream_stride_tokens": 10.0}
+    three = aggregate([{"test_ppl": p, **stream} for p in (60.0, 61.0, 62.0)])
+    assert three["lm_stream_context_tokens"] == 130.0 and "test_ppl_ci95" in three
+    assert not any(key.startswith("lm_stream") and key.endswith("_ci95") for key in three)
+
+
 def test_seeds_override_only_the_seed(tokenized):
     raw = project_params()
     raw["train"]["runs"]["gpt-chitchat"]["overrides"] = {"seeds": 3}
@@ -376,3 +383,32 @@ def test_unigram_baseline_scores_the_tokens_the_models_score(project):
         assert score.n_examples == len(rows)
         assert score.n_tokens == sum(r.n_tokens for r in rows)
         assert math.isfinite(score.ppl) and score.ppl > 1
+
+
+@pytest.mark.slow  # trains three tiny models once (module fixture)
+def test_a_test_batch_out_of_memory_is_evaluated_again_at_half_the_size(
+    project, monkeypatch, capsys
+):
+    """An evaluation that runs out of memory is started over at half the batch, down to
+    what fits, and a quick run's limit then covers the same examples: the same rows as
+    evaluating at that size from the start."""
+    from pipeline.eval.language import LMEvaluator
+
+    evaluate = LMEvaluator.__call__
+
+    def out_of_memory(self, model, dataset, bar, seed):
+        if self.settings.batch_size > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return evaluate(self, model, dataset, bar, seed)
+
+    key = "gpt-chitchat"
+    expected = evaluate_run(settings(project_params(max_batches=4, batch_size=2)), "gpt",
+                            "chitchat", project)  # fmt: skip
+    rows = read_rows(project, key)
+    monkeypatch.setattr(LMEvaluator, "__call__", out_of_memory)
+    metrics = evaluate_run(settings(project_params(max_batches=1)), "gpt", "chitchat", project)
+    assert "evaluation out of memory at batch 4: trying 2" in capsys.readouterr().err
+    assert metrics == pytest.approx(expected) and metrics["n_examples"] == 8
+    again = read_rows(project, key)
+    assert [(r.id, r.n_tokens) for r in again] == [(r.id, r.n_tokens) for r in rows]
+    assert [r.nll_sum for r in again] == pytest.approx([r.nll_sum for r in rows])

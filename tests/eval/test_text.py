@@ -24,7 +24,6 @@ from pipeline.eval.text import (
     embedding_extrema,
     embedding_scores,
     greedy_matching,
-    sentence_bleu,
     strip_special,
     wrapped_bleu,
 )
@@ -150,7 +149,7 @@ def test_corpus_bleu_hand_value():
     # clipped n-gram precisions 5/6, 3/5, 2/4, 1/3; equal lengths -> no brevity penalty;
     # BLEU = (5/6 * 3/5 * 1/2 * 1/3) ** (1/4) = (1/12) ** (1/4)
     assert corpus_bleu([hyp], [ref]) == pytest.approx(100 * (1 / 12) ** 0.25, abs=1e-9)
-    assert sentence_bleu(hyp, ref) == pytest.approx(sacrebleu.sentence_bleu(hyp, [ref]).score)
+    assert corpus_bleu([hyp], [ref]) == pytest.approx(sacrebleu.corpus_bleu([hyp], [[ref]]).score)
 
 
 def test_bleu_ignores_special_tokens_but_not_unk():

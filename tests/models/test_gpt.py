@@ -10,15 +10,28 @@ from torch.nn import functional as F
 
 from pipeline.data.special import BOS_ID, EOS_ID, SPECIAL_TOKENS
 from pipeline.errors import ConfigError
+from pipeline.models import gpt as gpt_module
 from pipeline.models import registry
-from pipeline.models.base import count_parameters
+from pipeline.models.base import TokenScores, activation_terms, count_parameters
 from pipeline.models.gpt import GPT
-from pipeline.models.stack import extent, scatter_rows
+from pipeline.models.stack import extent, flat_to_sentences, scatter_rows
 from pipeline.names import Task
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch
 
 VOCAB = 40
 SMALL = {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2, "dropout": 0.0}
+# The Transformer-XL PTB recipe's model knobs (profiles/paper.yaml cites their sources).
+RECIPE = {
+    "locked_dropout": True,
+    "input_dropout": 0.6,
+    "attention_dropout": 0.2,
+    "attention_output_dropout": 0.2,
+    "ffn_dropout": 0.2,
+    "output_dropout": 0.5,
+    "embedding_dropout": 0.2,
+    "ar_alpha": 0.2,
+    "tar_beta": 0.1,
+}
 
 
 def random_documents(seed: int = 0, n_docs: int = 3) -> list[list[list[int]]]:
@@ -156,6 +169,179 @@ def test_helpers() -> None:
     assert extent(torch.zeros(2, 3, dtype=torch.bool)) == 0
     out = scatter_rows(mask, torch.arange(4.0))
     assert out.tolist() == [[0, 0, 0, 0], [1, 2, 3, 0]]
+    # the static-shape twin: a row's flat values [B, Lf] into its sentence layout
+    sentences = torch.tensor(
+        [[[True, True, False], [True, False, False]], [[True] * 3, [False] * 3]]
+    )
+    flat = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 6.0, 9.0]])
+    flat_mask = torch.tensor([[True, True, True, False], [True, True, True, False]])
+    expected = scatter_rows(sentences, flat[flat_mask])
+    assert torch.equal(flat_to_sentences(flat, sentences), expected)
+    assert expected.tolist() == [[[1, 2, 0], [3, 0, 0]], [[4, 5, 6], [0, 0, 0]]]
+
+
+# --------------------------------------------------------------------------- the LM recipe
+
+
+def test_recipe_knobs_are_off_by_default_and_validated() -> None:
+    config = registry.make_config("gpt", VOCAB)
+    assert not config.locked_dropout
+    assert config.input_dropout is config.attention_output_dropout is config.ffn_dropout is None
+    assert config.output_dropout == config.embedding_dropout == 0.0
+    assert config.ar_alpha == config.tar_beta == 0.0
+    # the sites fall back to `dropout`, per position, as before the recipe existed
+    dims = registry.make_config("gpt", VOCAB, dropout=0.3).block()
+    assert (dims.input_p, dims.attention_output_p, dims.ffn_p, dims.locked) == (
+        0.3,
+        0.3,
+        0.3,
+        False,
+    )
+    with pytest.raises(ConfigError, match=r"gpt\.output_dropout"):
+        registry.make_config("gpt", VOCAB, output_dropout=1.0)
+    with pytest.raises(ConfigError, match=r"congruent_gpt\.tar_beta"):
+        registry.make_config("congruent_gpt", VOCAB, tar_beta=-0.1)
+
+
+def test_recipe_puts_each_dropout_at_its_site() -> None:
+    model = small(**RECIPE)
+    layer = model.stack.layers[0]
+    sites = {
+        "input": model.stack.dropout,
+        "attention output": layer.attn_dropout,
+        "ffn inner": layer.ffn.dropout,
+        "ffn branch": layer.ffn_dropout,
+        "output": model.output_dropout,
+    }
+    assert {name: (m.p, m.locked) for name, m in sites.items()} == {
+        "input": (0.6, True),
+        "attention output": (0.2, True),
+        "ffn inner": (0.2, True),
+        "ffn branch": (0.2, True),
+        "output": (0.5, True),
+    }
+    assert layer.attn.dropout == 0.2  # attention probabilities: standard dropout
+    assert model.embed.type_dropout == 0.2
+
+
+def test_recipe_dropouts_mask_whole_sequences_in_training_only() -> None:
+    model = small(**RECIPE)
+    batch = lm_batch_from_sentences(random_documents())
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(name: str):
+        def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+            seen.setdefault(name, (inputs[0], output))
+
+        return hook
+
+    model.stack.dropout.register_forward_hook(keep("input"))
+    model.output_dropout.register_forward_hook(keep("output"))
+    model.train().loss(batch)
+    for name, p in (("input", 0.6), ("output", 0.5)):
+        inputs, output = seen[name]
+        # the mask, read where the input is not 0 (position 0's encoding has zeros)
+        ratio = torch.where(inputs != 0, output / inputs, torch.nan).detach()
+        lo = ratio.nan_to_num(nan=torch.inf).amin(1)
+        hi = ratio.nan_to_num(nan=-torch.inf).amax(1)
+        torch.testing.assert_close(lo, hi, msg=name)  # one value per (sequence, feature)
+        kept = lo != 0
+        assert kept.any() and not kept.all(), name
+        torch.testing.assert_close(lo[kept], torch.full_like(lo[kept], 1 / (1 - p)), msg=name)
+    # in eval mode every recipe dropout is the identity: the plain model's numbers
+    plain = small()
+    assert torch.equal(model.eval().token_nll(batch), plain.token_nll(batch))
+    assert not torch.equal(model.train().token_nll(batch), model.token_nll(batch))
+
+
+def test_activation_terms_by_hand() -> None:
+    hidden = torch.tensor(
+        [[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], [[1.0, 1.0], [0.0, 0.0], [2.0, 0.0]]]
+    )
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    terms = activation_terms(TokenScores(torch.zeros(1), hidden, mask), 0.2, 0.1)
+    # AR: 5 real positions x 2 features; TAR: pairs (0,1) of row 0, (0,1) and (1,2) of row 1
+    ar = 0.2 * (1 + 4 + 9 + 16 + 1 + 1 + 0 + 0 + 4 + 0) / 10
+    tar = 0.1 * ((2**2 + 2**2) + (1 + 1) + (4 + 0)) / 6
+    assert terms.keys() == {"ar", "tar"}
+    assert terms["ar"].item() == pytest.approx(ar) and terms["tar"].item() == pytest.approx(tar)
+    assert activation_terms(TokenScores(torch.zeros(1)), 0.0, 0.0) == {}
+    with pytest.raises(ValueError, match="hidden states"):
+        activation_terms(TokenScores(torch.zeros(1)), 0.2, 0.0)
+
+
+def test_ar_tar_join_the_training_loss_never_the_nll() -> None:
+    docs = random_documents(seed=3)
+    batch = lm_batch_from_sentences(docs)
+    model, plain = small(ar_alpha=0.2, tar_beta=0.1).train(), small().train()
+    out, reference = model.loss(batch), plain.loss(batch)
+    # by hand: the last layer's output at each real input position of each document
+    squares = steps = n_square = n_step = 0.0
+    for doc in docs:
+        flat = [t for sentence in doc for t in sentence]
+        h = model.stack(model.embed(torch.tensor([[BOS_ID, *flat[:-1]]])))[0]
+        squares, n_square = squares + h.pow(2).sum(), n_square + h.numel()
+        steps, n_step = steps + (h[1:] - h[:-1]).pow(2).sum(), n_step + h[1:].numel()
+    ar, tar = 0.2 * squares / n_square, 0.1 * steps / n_step
+    torch.testing.assert_close(out.terms["ar"], ar)
+    torch.testing.assert_close(out.terms["tar"], tar)
+    assert torch.equal(out.nll_sum, reference.nll_sum)
+    torch.testing.assert_close(out.loss, reference.loss + ar + tar)
+    assert model.eval().loss(batch).terms == {}  # validation scores the NLL alone
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def test_attention_is_causal_through_is_causal(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[bool, bool]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("is_causal", False), kwargs.get("attn_mask") is None))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    small().loss(lm_batch_from_sentences(random_documents()))
+    assert calls == [(True, True)] * SMALL["n_layers"]  # the fused causal kernel, no mask
+
+
+def test_padded_static_path_equals_the_trimmed_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = small()
+    batch = lm_batch_from_sentences(random_documents(seed=4))
+    padded = dataclasses.replace(
+        batch,
+        sentences=F.pad(batch.sentences, (0, 2, 0, 1)),
+        sentence_mask=F.pad(batch.sentence_mask, (0, 2, 0, 1)),
+        flat_ids=F.pad(batch.flat_ids, (0, 3)),
+        flat_mask=F.pad(batch.flat_mask, (0, 3)),
+    )
+    trimmed = model.token_nll(padded)
+    monkeypatch.setattr(gpt_module, "static_shapes", lambda like: True)
+    static = model.token_nll(padded)
+    torch.testing.assert_close(static, trimmed, atol=1e-5, rtol=1e-5)
+    assert torch.all(static[~padded.sentence_mask] == 0)
+
+
+@pytest.mark.slow
+def test_loss_compiles_in_one_graph_and_matches_eager() -> None:
+    model = small(**RECIPE).train()
+    batch = lm_batch_from_sentences(random_documents(seed=5))
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model.loss)(batch)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    model.eval()  # dropout off: both paths see the same function
+    compiled = torch.compile(model.loss, backend="aot_eager", fullgraph=True)(batch)
+    compiled.loss.backward()
+    compiled_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    eager = model.loss(batch)
+    eager.loss.backward()
+    torch.testing.assert_close(compiled.loss, eager.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(compiled.nll_sum, eager.nll_sum, atol=1e-4, rtol=1e-5)
+    for got, p in zip(compiled_grads, model.parameters(), strict=True):
+        torch.testing.assert_close(got, p.grad, atol=1e-5, rtol=1e-4)
+    assert torch.equal(compiled.n_tokens, eager.n_tokens)
 
 
 @pytest.mark.slow

@@ -11,11 +11,13 @@ from torch.nn import functional as F
 
 from pipeline.data.special import EOS_ID
 from pipeline.errors import ConfigError
+from pipeline.models import hgpt as hgpt_module
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
 from pipeline.models.hgpt import HierarchicalGPT, Stage
 from pipeline.names import Task
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch, shared_data_dir
+from tests.models.test_gpt import RECIPE
 
 VOCAB = 40
 SMALL = {
@@ -254,3 +256,111 @@ def test_training_loop_hook_follows_the_two_stage_schedule() -> None:
     joint = registry.build("hgpt", 50, **SMALL)
     joint.on_train_step(10**6, epoch=3)
     assert joint.stage == Stage.JOINT
+
+
+# --------------------------------------------------------------------------- the LM recipe
+
+
+def test_recipe_dropout_sites() -> None:
+    model = small(**RECIPE)
+    assert (model.encoder.dropout.p, model.decoder.dropout.p) == (0.6, 0.6)  # words enter
+    assert model.document.dropout.p == SMALL["dropout"]  # sentence embeddings enter here
+    for stack in (model.encoder, model.document, model.decoder):
+        assert stack.dropout.locked
+        for layer in stack.layers:
+            assert (layer.attn_dropout.p, layer.ffn_dropout.p, layer.ffn.dropout.p) == (0.2,) * 3
+            assert layer.attn.dropout == 0.2
+    assert (model.output_dropout.p, model.output_dropout.locked) == (0.5, True)
+    assert model.embed.type_dropout == 0.2
+    batch = lm_batch_from_sentences(DOCS)
+    plain = small()
+    assert torch.equal(model.eval().token_nll(batch), plain.token_nll(batch))
+
+
+def test_one_dropped_embedding_table_per_step() -> None:
+    model = small(embedding_dropout=0.5).train()
+    tables: list[torch.Tensor | None] = []
+    model.embed.register_forward_hook(lambda m, inputs, out: tables.append(inputs[1]))
+    model.loss(lm_batch_from_sentences(DOCS))
+    assert len(tables) == 2 and tables[0] is not None  # the encoder's and the decoder's
+    assert tables[0] is tables[1]
+    model.loss(lm_batch_from_sentences(DOCS))
+    assert not torch.equal(tables[2], tables[0])  # the next step draws again
+
+
+def test_ar_tar_regularise_the_sentence_decoder_per_sentence() -> None:
+    model = small(ar_alpha=0.2, tar_beta=0.1).train()
+    outputs: list[torch.Tensor] = []
+    model.decoder.register_forward_hook(lambda m, inputs, out: outputs.append(out))
+    out = model.loss(lm_batch_from_sentences(DOCS))
+    hidden = outputs[0]  # [real sentences, length, d_sentence]
+    sentences = [s for doc in DOCS for s in doc]
+    assert hidden.shape[0] == len(sentences)
+    squares = sum(hidden[i, : len(s)].pow(2).sum() for i, s in enumerate(sentences))
+    steps = sum(
+        (hidden[i, 1 : len(s)] - hidden[i, : len(s) - 1]).pow(2).sum()
+        for i, s in enumerate(sentences)
+    )
+    width, tokens = hidden.shape[-1], sum(len(s) for s in sentences)
+    torch.testing.assert_close(out.terms["ar"], 0.2 * squares / (tokens * width))
+    pairs = sum(len(s) - 1 for s in sentences)  # never across two sentences
+    torch.testing.assert_close(out.terms["tar"], 0.1 * steps / (pairs * width))
+    reference = small().train().loss(lm_batch_from_sentences(DOCS))
+    assert torch.equal(out.nll_sum, reference.nll_sum)
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def test_attention_kernels_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[bool, bool]] = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("is_causal", False), kwargs.get("attn_mask") is not None))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    small().loss(lm_batch_from_sentences(DOCS))
+    encoder = [(False, True)] * SMALL["encoder_layers"]  # bidirectional, key padding mask
+    causal = [(True, False)] * (SMALL["document_layers"] + SMALL["decoder_layers"])
+    assert calls == encoder + causal
+
+
+@pytest.mark.parametrize("stage", [Stage.JOINT, Stage.SENTENCE])
+def test_padded_static_path_equals_the_trimmed_one(
+    stage: Stage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = small()
+    model.set_stage(stage)
+    batch = lm_batch_from_sentences(DOCS)
+    padded = dataclasses.replace(
+        batch,
+        sentences=F.pad(batch.sentences, (0, 2, 0, 1)),
+        sentence_mask=F.pad(batch.sentence_mask, (0, 2, 0, 1)),
+    )
+    trimmed = model.token_nll(padded)
+    monkeypatch.setattr(hgpt_module, "static_shapes", lambda like: True)
+    static = model.token_nll(padded)
+    torch.testing.assert_close(static, trimmed, atol=1e-5, rtol=1e-5)
+    assert torch.all(static[~padded.sentence_mask] == 0)
+
+
+@pytest.mark.slow
+def test_loss_compiles_in_one_graph_and_matches_eager() -> None:
+    model = small(**RECIPE).train()
+    batch = lm_batch_from_sentences(DOCS)
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model.loss)(batch)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    model.eval()  # dropout off: both paths see the same function
+    compiled = torch.compile(model.loss, backend="aot_eager", fullgraph=True)(batch)
+    compiled.loss.backward()
+    compiled_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    eager = model.loss(batch)
+    eager.loss.backward()
+    torch.testing.assert_close(compiled.loss, eager.loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(compiled.nll_sum, eager.nll_sum, atol=1e-4, rtol=1e-5)
+    for got, p in zip(compiled_grads, model.parameters(), strict=True):
+        torch.testing.assert_close(got, p.grad, atol=1e-5, rtol=1e-4)

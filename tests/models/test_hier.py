@@ -174,27 +174,78 @@ def test_all_true_masks_equal_a_plain_encoder():
     assert_close(enc(h, ones, ones), x)
 
 
-@pytest.mark.parametrize(
-    ("name", "extra"),
-    [(name, {}) for name in NAMES] + [("hier", {"context_mask": "hier_naacl"})],
-)
-def test_packed_layout_equals_the_masks(name, extra):
-    """The default (layers on the real tokens, attention grouped as the UT/CT-masks allow)
-    computes what the paper's masked flat history computes: same states, loss, gradients."""
-    packed = small(name, **oracle(name), **extra).train()
-    masked = small(name, attention_layout="masked", **oracle(name), **extra).train()
-    assert packed.config.attention_layout == "packed"
-    masked.load_state_dict(packed.state_dict())
-    h, real = BATCH.history, BATCH.history.input_mask
-    assert_close(packed.encode_history(h).states[real], masked.encode_history(h).states[real])
-    loss_packed, loss_masked = packed.loss(BATCH).loss, masked.loss(BATCH).loss
-    assert_close(loss_packed, loss_masked)
-    loss_packed.backward()
-    loss_masked.backward()
-    for (key, a), (_, b) in zip(packed.named_parameters(), masked.named_parameters(), strict=True):
+LAYOUT_CASES = [(name, {}) for name in NAMES] + [
+    ("hier", {"context_mask": kind}) for kind in ("hier_naacl", "cls", "full")
+]
+REAL_BATCH = full_batch(chitchat_generate_batch(batch_size=6, vocab_size=VOCAB)[0])
+
+
+def assert_same_grads(model: torch.nn.Module, other: torch.nn.Module, atol: float) -> None:
+    for (key, a), (_, b) in zip(model.named_parameters(), other.named_parameters(), strict=True):
         assert (a.grad is None) == (b.grad is None), key
         if a.grad is not None:
-            assert_close(a.grad, b.grad, atol=1e-6)
+            assert_close(a.grad, b.grad, atol=atol)
+
+
+@pytest.mark.parametrize("layout", ["auto", "flex"])
+@pytest.mark.parametrize(("name", "extra"), LAYOUT_CASES)
+def test_layouts_compute_what_the_masks_compute(name, extra, layout):
+    """The default (``auto``, eager: packed, layers on the real tokens, attention grouped as
+    the UT/CT-masks allow) and ``flex`` (the masks as FlexAttention block masks) compute
+    what the paper's masked flat history computes: same states, loss, gradients, on a
+    random and on a real chitchat batch, both padded. Without gradients FlexAttention's own
+    kernel runs on the CPU; with them (it has no CPU backward) the same mask mods, dense."""
+    model = small(name, attention_layout=layout, **oracle(name), **extra).train()
+    masked = small(name, attention_layout="masked", **oracle(name), **extra).train()
+    masked.load_state_dict(model.state_dict())
+    expected = "packed" if layout == "auto" else "flex"
+    assert model.layout(BATCH.history) == expected
+    for batch in (BATCH, REAL_BATCH):
+        h, real = batch.history, batch.history.input_mask
+        with torch.no_grad():
+            states = model.encode_history(h).states[real]
+            assert_close(states, masked.encode_history(h).states[real])
+            assert_close(model.eval().loss(batch).loss, masked.eval().loss(batch).loss)
+        model.train(), masked.train()
+        loss, loss_masked = model.loss(batch).loss, masked.loss(batch).loss
+        assert_close(loss, loss_masked)
+        model.zero_grad(), masked.zero_grad()
+        loss.backward()
+        loss_masked.backward()
+        assert_same_grads(model, masked, atol=1e-6)
+
+
+def test_auto_layout_is_packed_when_eager_and_flex_only_without_attention_dropout():
+    from pipeline.models.hier import AttentionLayout, resolve_layout
+
+    def auto(compiling: bool, cuda: bool, attention_dropout: bool) -> str:
+        return resolve_layout(
+            AttentionLayout.AUTO,
+            compiling=compiling,
+            cuda=cuda,
+            attention_dropout=attention_dropout,
+        ).value
+
+    assert auto(False, True, False) == auto(False, False, True) == "packed"
+    assert auto(True, True, False) == "flex"
+    assert auto(True, True, True) == auto(True, False, False) == "masked"
+    assert registry.make_config("hier", 10).attention_layout == "auto"
+    for layout in ("packed", "masked", "flex"):
+        assert (
+            resolve_layout(
+                AttentionLayout(layout), compiling=True, cuda=True, attention_dropout=False
+            ).value
+            == layout
+        )
+
+
+def test_flex_layout_needs_attention_dropout_zero():
+    with pytest.raises(ConfigError, match=r"hier\.attention_layout: flex has no dropout"):
+        registry.build("hier", 10, attention_layout="flex")  # dropout 0.1, the paper's
+    with pytest.raises(ConfigError, match=r"hier\.attention_layout: flex.*0\.2 is in effect"):
+        registry.build("hier", 10, attention_layout="flex", dropout=0.0, attention_dropout=0.2)
+    model = registry.build("hier", 10, attention_layout="flex", attention_dropout=0.0)
+    assert model.config.dropout == 0.1  # the rest of the network keeps its dropout
 
 
 def test_mat_with_full_mask_is_a_plain_transformer_encoder_over_local_and_global_pe():

@@ -167,7 +167,7 @@ def test_blocks_of_queries_attend_their_own_key_sets() -> None:
 
 def test_attention_dropout_is_separate_from_dropout() -> None:
     layer = EncoderLayer(BlockDims(8, 2, 16, dropout=0.3, attention_dropout=0.0))
-    assert layer.attn.dropout == 0.0 and layer.dropout.p == 0.3
+    assert layer.attn.dropout == 0.0 and layer.attn_dropout.p == layer.ffn_dropout.p == 0.3
     assert EncoderLayer(BlockDims(8, 2, 16, dropout=0.3)).attn.dropout == 0.3
     decoder = Decoder(11, 1, BlockDims(8, 2, 16, dropout=0.2, attention_dropout=0.5))
     assert decoder.layers[0].self_attn.dropout == decoder.layers[0].cross_attn.dropout == 0.5

@@ -17,9 +17,9 @@ from pipeline.errors import DataError
 from pipeline.models import registry
 from pipeline.models.layers import TokenEmbedding
 from pipeline.models.word_vectors import (
+    Coverage,
     DimensionError,
     copy_into,
-    load_word_vectors,
     read_word_vectors,
     token_embeddings,
 )
@@ -28,6 +28,14 @@ from pipeline.models.word_vectors import (
 TOKENS = [*SPECIAL_TOKENS, "a", "b", "c"]
 ROWS = "a 3 4 \nzzz 9 9 \nb -4 3 \n<pad> 7 7 \n"  # FastText ends rows with a space
 HEADER = "4 2\n"
+
+
+def load(embedding: nn.Embedding, path: Path) -> Coverage:
+    """As a fresh run loads them: the driver reads the file for the model's width
+    (``train.training``), each worker copies the rows in (``train.job``)."""
+    vectors = read_word_vectors(path, TOKENS, embedding.embedding_dim)
+    copy_into(embedding, vectors)
+    return vectors.coverage
 
 
 def write(path: Path, text: str) -> Path:
@@ -73,7 +81,7 @@ def _embedding() -> TokenEmbedding:
 def test_copies_known_rows_at_the_initial_scale_and_leaves_the_rest(tmp_path):
     embedding = _embedding()
     before = embedding.weight.detach().clone()
-    coverage = load_word_vectors(embedding, write(tmp_path / "v.vec", HEADER + ROWS), TOKENS)
+    coverage = load(embedding, write(tmp_path / "v.vec", HEADER + ROWS))
     assert coverage.found == 2 and coverage.types == 7
     after = embedding.weight.detach()
     # the kept rows a=(3,4), b=(-4,3) have RMS sqrt(50/4); the rows as initialised RMS 1:
@@ -134,7 +142,7 @@ def test_a_truncated_gzip_file_is_a_data_error(tmp_path):
 def test_another_dimension_says_both_and_what_to_set(tmp_path, text):
     path = write(tmp_path / "v.vec", text)
     with pytest.raises(DimensionError) as caught:
-        load_word_vectors(TokenEmbedding(len(TOKENS), 3), path, TOKENS)
+        load(TokenEmbedding(len(TOKENS), 3), path)
     err = caught.value
     assert (err.file_dim, err.model_dim) == (2, 3)
     assert "have 2 dimensions" in str(err) and "has 3" in str(err)
@@ -174,7 +182,7 @@ def test_selection_models_take_the_vectors(tmp_path, name):
     (embedding,) = token_embeddings(model)
     assert isinstance(embedding, TokenEmbedding) and embedding.embedding_dim == 2
     before = embedding.weight.detach().clone()
-    load_word_vectors(embedding, write(tmp_path / "v.vec", ROWS), TOKENS)
+    load(embedding, write(tmp_path / "v.vec", ROWS))
     after = embedding.weight.detach()
     factor = before[1:].pow(2).mean().sqrt() / math.sqrt(12.5)
     assert torch.allclose(after[5], torch.tensor([3.0, 4.0]) * factor)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import Params, parse_params
+from pipeline.config import Params, SourceFormat, parse_params
 from pipeline.errors import ConfigError
 from pipeline.plan import check_params, checked, load_checked
 from tests.test_config import with_value
@@ -97,6 +97,22 @@ def test_an_act_model_needs_a_corpus_with_acts_and_takes_their_inventory(tiny: d
     err = _error(with_value(tiny, "train.models.hier_pp.model.n_acts", 44))
     assert err.key == "train.models.hier_pp.model.n_acts"
     assert "comes from the data" in err.reason
+
+
+@pytest.mark.parametrize("form", list(SourceFormat))
+def test_an_act_model_on_a_declared_corpus_follows_its_formats_acts_trait(
+    tiny: dict, form: SourceFormat
+) -> None:
+    """The check asks the format's row (``SourceFormat.traits.acts``), not its name."""
+    raw = with_value(tiny, "corpora", [*tiny["corpora"], "mine"])
+    raw = with_value(raw, "tokenize.corpora.mine.source", {"format": form.value, "file": "d"})
+    raw = with_value(raw, "train.runs.hier_pp-mine", {"model": "hier_pp", "corpus": "mine"})
+    if form.traits.acts:
+        checked(raw)
+        return
+    err = _error(raw)
+    assert err.key == "train.runs.hier_pp-mine.corpus"
+    assert "hier_pp reads the dialogue acts of its corpus, and this corpus has none" in err.reason
 
 
 @pytest.mark.parametrize(

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
+from pipeline.eval.language import STREAM_KEYS
 from pipeline.models import registry
-from pipeline.report.published import CLAIMS, PAPERS, Outcome, paper_markdown, verdicts
+from pipeline.plan import load_checked
+from pipeline.report.published import (
+    CLAIMS,
+    PAPERS,
+    Outcome,
+    lm_protocol_lines,
+    paper_markdown,
+    verdicts,
+)
 from pipeline.report.results import Estimate, load_results
 from pipeline.report.significance import Comparison
 from pipeline.report.tables import SPECS, Table, build_tables, table_markdown
-from tests.report.conftest import TOKENIZE, lm_rows, params_for, write_run
+from tests.report.conftest import TINY, TOKENIZE, lm_rows, params_for, write_run
 from tests.report.test_tables import by_title, runs  # noqa: F401  (the fixture)
 
 
@@ -181,3 +191,67 @@ def test_a_sweeps_rows_are_labelled_compared_and_matched_to_the_papers_rows(tmp_
     assert "| gpt (l4) | 54.90 |\n| gpt (l8) | 52.40 |" in text  # the paper's (Table 1)
     (verdict,) = verdicts(table)  # congruent_gpt vs the 6-layer gpt, not its variant
     assert verdict.ours_text.endswith("vs 2.46")
+
+
+HGPT_TINY = {"d_model": 16, "n_heads": 2, "d_ff": 32, "d_sentence": 16, "sentence_heads": 2,
+             "sentence_d_ff": 32, "decoder_layers": 1}  # fmt: skip
+HGPT_CLAIMS = "Hierarchical GPT, Tables 1-5"
+
+
+def _ptb_lm_runs(root, monkeypatch, ppl: dict[str, tuple[float, float]], stream: bool):
+    """The four 6-layer PTB runs of the HGPT paper, three seeds each, with the given Test
+    PPL (mean, 95% half-width); ``stream``: evaluated with the streamed protocol."""
+    monkeypatch.setitem(TINY, "hgpt", HGPT_TINY)
+    monkeypatch.setitem(TINY, "congruent_hgpt", HGPT_TINY)
+    for model, (mean, ci) in ppl.items():
+        unit = "sentences" if "hgpt" in model else "tokens"
+        context = 9.0 if unit == "sentences" else 130.0
+        window = dict(zip(STREAM_KEYS[unit], (context, 1.0), strict=True))
+        metrics = {"test_ppl": mean, "test_ppl_ci95": ci, **(window if stream else {})}
+        write_run(root, model, lm_rows([[4.0] * 6] * 3), metrics, "ptb")
+    train = {f"{m}-ptb": {"model": m, "corpus": "ptb"} for m in ppl}
+    params = params_for([], train={"runs": train}, corpora=["ptb"],
+                        tokenize={"corpora": {"ptb": {"tasks": ["lm"]}}})  # fmt: skip
+    return load_results(params, root)
+
+
+def test_hgpt_verdicts_with_three_seeds(tmp_path, monkeypatch):
+    ppl = {"gpt": (60.0, 1.0), "congruent_gpt": (61.0, 1.5), "hgpt": (55.0, 1.0),
+           "congruent_hgpt": (58.0, 0.5)}  # fmt: skip
+    lm_runs = _ptb_lm_runs(tmp_path, monkeypatch, ppl, stream=True)
+    (table,) = build_tables(lm_runs, n_samples=0)
+    found = {(v.claim.better, v.claim.worse): v for v in verdicts(table)}
+    # HGPT below GPT: 55 ± 1 vs 60 ± 1, apart, the paper's way
+    assert found["hgpt", "gpt"].outcome is Outcome.REPRODUCED
+    # congruent below standard: GPT 61 ± 1.5 vs 60 ± 1 overlap; HGPT 58 ± 0.5 vs 55 ± 1 apart
+    assert found["congruent_gpt", "gpt"].outcome is Outcome.INCONCLUSIVE
+    assert found["congruent_hgpt", "hgpt"].outcome is Outcome.NOT_REPRODUCED
+    text = paper_markdown(table)
+    assert (
+        "hgpt < gpt on Test PPL: paper 50.50 vs 52.90 (Penn Treebank (Mikolov)). Ours "
+        "55.00 ± 1.00 vs 60.00 ± 1.00: **reproduced**"
+    ) in text
+
+
+def test_the_report_states_each_corpus_lm_protocol(tmp_path, monkeypatch):
+    ppl = {"gpt": (60.0, 1.0), "hgpt": (55.0, 1.0)}
+    streamed = _ptb_lm_runs(tmp_path / "stream", monkeypatch, ppl, stream=True)
+    assert lm_protocol_lines(streamed) == [
+        "- Language-model perplexity, ptb: streamed over the test text, 1 token scored per "
+        "window after up to 130 tokens of context (gpt); streamed over the test text, "
+        "1 sentence scored per window after up to 9 sentences of context (hgpt)."
+    ]
+    per_document = _ptb_lm_runs(tmp_path / "document", monkeypatch, ppl, stream=False)
+    assert lm_protocol_lines(per_document) == [
+        "- Language-model perplexity, ptb: per document (each test document on its own, "
+        "from `<bos>`)."
+    ]
+
+
+def test_the_paper_profile_trains_every_compared_lm_run_with_three_seeds():
+    paper = load_checked(Path(__file__).resolve().parents[2] / "profiles" / "paper.yaml")
+    compared = {m for c in CLAIMS[HGPT_CLAIMS] for m in (c.better, c.worse)}
+    assert compared == {"gpt", "congruent_gpt", "hgpt", "congruent_hgpt"}
+    for model in compared:
+        assert f"{model}-ptb" in paper.train.runs
+        assert paper.train.run(model, "ptb").seeds == 3, model

@@ -16,6 +16,7 @@ from pipeline.data.batch import GenerateBatch
 from pipeline.models.base import LossOutput, ModelConfig, select_batch_dim, token_loss
 from pipeline.names import Task
 from pipeline.train.checkpoint import Progress, TrainingState
+from pipeline.train.context import DataOptions
 from pipeline.train.optim import make_optimizer, make_scheduler
 from pipeline.train.seed import rng_state
 from tests.batches import random_generate_batch
@@ -106,13 +107,17 @@ class PoolFactory:
     global_batch: int = 4
     seed: int = 0
     valid_from_train: bool = False  # memorisable: validation loss falls as training goes
+    eval_batch: int | None = None  # global validation batch (default: global_batch)
 
-    def __call__(self, rank: int, world: int) -> tuple[PoolData, PoolData]:
+    def __call__(
+        self, rank: int, world: int, options: DataOptions | None = None
+    ) -> tuple[PoolData, PoolData]:
         train = random_generate_batch(self.n_train, VOCAB, seed=11)
         valid = random_generate_batch(self.n_valid, VOCAB, seed=11 if self.valid_from_train else 12)
+        eval_batch = (options and options.eval_batch_size) or self.eval_batch or self.global_batch
         return (
             PoolData(train, self.global_batch, rank, world, self.seed, shuffle=True),
-            PoolData(valid, min(self.global_batch, self.n_valid), rank, world, self.seed, False),
+            PoolData(valid, min(eval_batch, self.n_valid), rank, world, self.seed, False),
         )
 
 
@@ -183,4 +188,6 @@ def toy_state(progress: Progress | None = None, seed: int = 7) -> TrainingState:
         rng=[rng_state()],
         metrics={"valid_loss": 3.5},
         seed=seed,
+        average=None,
+        average_count=0,
     )

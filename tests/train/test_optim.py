@@ -37,3 +37,69 @@ def test_the_optimizer_takes_the_trainable_weights_and_the_schedule_scales_its_r
         optimizer.step()
         scheduler.step()
     assert rates == pytest.approx([0.125, 0.25, 0.375, 0.5, 0.5])
+
+
+def test_cosine_schedule_warms_up_decays_to_min_lr_and_stays_there():
+    cosine = ScheduleParams(kind=ScheduleKind.COSINE, warmup_steps=2, decay_steps=6, min_lr=0.1)
+    floor = 0.1 / 0.4  # min_lr / lr
+    # s = step + 1: 1/2, 1 (warm-up); then f + (1 - f) (1 + cos(pi (s - 2) / 4)) / 2
+    expected = [
+        0.5,
+        1.0,
+        floor + (1 - floor) * (1 + 0.5**0.5) / 2,  # s = 3: cos(pi / 4)
+        floor + (1 - floor) * 0.5,  # s = 4: cos(pi / 2) = 0
+        floor + (1 - floor) * (1 - 0.5**0.5) / 2,  # s = 5: cos(3 pi / 4)
+        floor,  # s = 6 = decay_steps
+        floor,
+        floor,
+    ]
+    factors = [lr_factor(s, cosine, floor) for s in range(8)]
+    assert factors == pytest.approx(expected, abs=1e-15)
+    # decay_steps null: the run's planned steps decide (make_scheduler's planned_steps)
+    planned = ScheduleParams(kind=ScheduleKind.COSINE, warmup_steps=2, min_lr=0.1)
+    assert [lr_factor(s, planned, floor, 6) for s in range(8)] == factors
+    with pytest.raises(ValueError, match="needs its decay steps"):
+        lr_factor(3, planned, floor)
+    model = nn.Linear(2, 1)
+    optimizer = make_optimizer(model, OptimizerParams(lr=0.4))
+    scheduler = make_scheduler(optimizer, planned, planned_steps=6)
+    rates = []
+    for _ in range(8):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([0.4 * f for f in expected], abs=1e-15)
+    assert rates[-1] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("kind, weight_decay", [("adam", 0.0), ("adam", 0.01), ("adamw", 0.1)])
+def test_the_cpu_optimizer_step_is_the_for_loop_one_bit_for_bit(kind, weight_decay):
+    """On CPU the optimizer is the multi-tensor (foreach) one: it must compute exactly what
+    the per-parameter loop (torch's CPU default before) computed, so the default run's
+    numbers do not move."""
+
+    def train(optimizer_for) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(7, 13), nn.Tanh(), nn.Linear(13, 5))
+        optimizer = optimizer_for(model)
+        inputs = torch.Generator().manual_seed(1)
+        for _ in range(30):
+            loss = model(torch.randn(4, 7, generator=inputs)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            optimizer.step()
+        return [p.detach() for p in model.parameters()]
+
+    params = OptimizerParams(kind=kind, lr=0.01, weight_decay=weight_decay)
+    ours = train(lambda m: make_optimizer(m, params))
+    cls = torch.optim.AdamW if kind == "adamw" else torch.optim.Adam
+    loop = train(
+        lambda m: cls(
+            m.parameters(), lr=0.01, betas=params.betas, eps=params.eps,
+            weight_decay=weight_decay, foreach=False,
+        )
+    )  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(ours, loop, strict=True))
+    group = make_optimizer(nn.Linear(2, 1), params).param_groups[0]
+    assert group["foreach"] is True and not group["fused"]  # fused only on CUDA

@@ -4,6 +4,7 @@ tracked, tiny end to end. What the plan decides before any compute is
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from pipeline import cli, cluster, tracking
 from pipeline.artifacts import MANIFEST_FILE, MODEL_FILE, TrainRecord
 from pipeline.config import PlacementParams
+from pipeline.data import tokenize
 from pipeline.data.loader import load_vocab
 from pipeline.decode import DecodeConfig, generate
 from pipeline.errors import ConfigError, DataError, TrainingDiverged
@@ -25,7 +27,7 @@ from pipeline.train import tracked
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
 from pipeline.train.context import PREVIOUS_FILE
 from pipeline.train.training import train_plan, train_seeds
-from tests.train.conftest import stage_params
+from tests.train.conftest import TOKENIZE, stage_params, tokenized
 
 KEY = "transformer-chitchat"
 
@@ -318,3 +320,38 @@ def test_a_ray_run_on_other_nodes_needs_a_store_and_storage_they_reach(project, 
     monkeypatch.setattr(cluster, "unshared", lambda folder: seen.append(folder) or [])
     tracked.check_reachable(plan_training(_request(shared), project))
     assert seen == [project / "data"]  # an s3:// URI is not a folder to probe
+
+
+@pytest.mark.slow
+def test_a_run_no_validation_chose_exports_nothing_and_fails_its_mlflow_run(tmp_path, monkeypatch):
+    """Issue 34: shards with an empty valid split (tokenized before tokenize refused them)
+    gave `valid loss inf (best inf at step 0)`, an exported step-0 model, and, tracked, a
+    raw StopIteration from the samples with model.pt left behind."""
+    settings = copy.deepcopy(TOKENIZE)
+    settings["corpora"]["chitchat"]["split"] = {"valid": 0.0, "test": 0.1}
+    monkeypatch.setattr(tokenize, "check_every_split", lambda *args: None)  # the old tokenize
+    root = tokenized(tmp_path / "project", settings)
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    raw = stage_params(tokenize=settings)
+    raw["train"]["defaults"] |= {"epochs": 1, "max_batches_per_epoch": 2}
+    plan = plan_training(_request(raw), root)
+    with pytest.raises(DataError) as caught:
+        train_seeds(_request(raw), root, show_progress=False)
+    assert str(caught.value) == (
+        f"data/shards/chitchat: no validation chose the weights of seed {plan.knobs.seed}: no "
+        "evaluation (the last at step 2) gave a finite valid loss: the valid split holds no "
+        "generate target token; nothing exported: tokenize chitchat again (`dvc repro "
+        "tokenize@chitchat`), which refuses a corpus whose valid split gives no example"
+    )
+    assert not plan.model_file.exists()
+    assert not (plan.layout.train_out(KEY) / MANIFEST_FILE).exists()
+    client = mlflow.tracking.MlflowClient(uri)
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("hiertx-generate-chitchat").experiment_id]
+    )
+    assert run.info.status == "FAILED"
+    # the samples of a model whose valid split is empty: none, not a StopIteration
+    state = TrainingState.read(Path(plan.storage) / plan.name / CHECKPOINT_FILE)
+    state.exported({}, plan.name).write(tmp_path / MODEL_FILE)
+    assert tracked.sample_generations(tmp_path / MODEL_FILE, plan) == ""

@@ -50,11 +50,13 @@ def test_bad_search_dimensions_are_rejected():
 
 
 def test_trial_params_apply_the_sample_and_the_trial_budget():
-    base = RunParams(epochs=30, patience=3, eval_every=100, model={"d_model": 16, "n_heads": 4})
+    base = RunParams(epochs=30, patience=3, eval_every=100, model={"d_model": 16, "n_heads": 4},
+                     averaging={"kind": "uniform", "epochs": 10})  # fmt: skip
     sampled = {"model": {"n_heads": 2}, "optimizer": {"lr": 0.01}}
     p = trial_params(base, TuneParams(epochs_per_trial=5), sampled)
     assert p.model == {"d_model": 16, "n_heads": 2} and p.optimizer.lr == 0.01
     assert (p.epochs, p.patience, p.eval_every) == (5, None, None)
+    assert p.averaging.kind == "none"  # a whole run's last epochs: no trial has them
 
 
 def test_per_head_sizes_multiply_the_sampled_heads_like_the_hier_authors_search():

@@ -1,8 +1,12 @@
 """Corpus parsers: each module reads one corpus's original files into ``Dialogue`` records.
 
-Every parser is ``read(root, split, ctx, **options) -> Iterator[Dialogue]``. This module
-holds what they share: the error policy and counters (``ParseContext``/``ParseStats``),
-file lookup inside a downloaded folder, and turn merging.
+Every parser of a built-in corpus is ``read(root, split, ctx, *, <options>) ->
+Iterator[Dialogue]``, its keyword options exactly those its ``CorpusSpec.options`` declares;
+a declared format's reader is ``read_file(path, ctx, *, shown_as)``, one file of a corpus
+of one's own (``pipeline.data.declared``). ``tests/data/test_corpus_contract.py`` holds
+every one of them to the same rules. This module holds what they share: the error policy
+and counters (``ParseContext``/``ParseStats``), file lookup inside a downloaded folder, and
+turn merging.
 """
 
 from __future__ import annotations

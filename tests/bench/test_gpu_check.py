@@ -1,0 +1,286 @@
+"""``python -m bench.gpu_check``: its smoke run on a machine that has only the bare
+packages (the cluster stack refused), its results section, its pieces."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from bench.common import MetricStamps
+from bench.gpu_check.cli import PARTS, parser, setup_of
+from bench.gpu_check.loop import epochs_that_fit, sized_knobs
+from bench.gpu_check.peers import TOY_LM, gpt_candidates, lm_batch, our_gpt
+from bench.gpu_check.processes import Outcome, run_at_once, shared
+from bench.gpu_check.report import Part, peak_tflops, replace_section, summary
+from pipeline.config import RunParams
+from pipeline.data.special import EOS_ID
+from pipeline.train.loop import TrainJob
+from tests.train.helpers import PoolFactory, ToyFactory
+
+REPO = Path(__file__).resolve().parents[2]
+BARE = ("torch", "numpy", "pyarrow", "pydantic", "PyYAML")  # issue 32's bare GPU machine
+OPTIONAL = ("transformers",)  # the HF peer rows
+PROJECT = ("pipeline", "bench", "tests")
+CLUSTER = {"ray", "mlflow", "dvc", "gensim"}
+
+
+def requirement_closure(roots: tuple[str, ...]) -> set[str]:
+    """The installed distributions ``roots`` need (their non-extra requirements, with
+    what those need), canonical names."""
+    todo, seen = [canonicalize_name(r) for r in roots], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(req.name))
+    return seen
+
+
+def top_levels(distributions: set[str]) -> set[str]:
+    """The importable top-level names of ``distributions``."""
+    return {
+        top
+        for top, dists in importlib.metadata.packages_distributions().items()
+        if any(canonicalize_name(d) in distributions for d in dists)
+    }
+
+
+def bare_environment(log: Path) -> dict[str, str]:
+    """Environment variables that make a Python process (and those it spawns) a bare GPU
+    machine's (``tests/bench/bare_site/sitecustomize.py``), with transformers optional."""
+    allowed = top_levels(requirement_closure(BARE)) | set(PROJECT)
+    optional = top_levels({canonicalize_name(name) for name in OPTIONAL})
+    brought = top_levels(requirement_closure(OPTIONAL)) - allowed - optional
+    installed = set(importlib.metadata.packages_distributions())
+    denied = installed - allowed - optional - brought - set(sys.stdlib_module_names)
+    assert denied >= CLUSTER  # installed here, absent there
+    site = REPO / "tests" / "bench" / "bare_site"
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]),
+        "HIERTX_BARE_OPTIONAL": ",".join(sorted(optional)),
+        "HIERTX_BARE_BROUGHT": ",".join(sorted(brought)),
+        "HIERTX_BARE_DENIED": ",".join(sorted(denied)),
+        "HIERTX_BARE_LOG": str(log),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def test_the_bare_machine_refuses_what_it_lacks(tmp_path: Path) -> None:
+    """The guard the smoke run relies on: the cluster stack and scipy are absent (import
+    fails, ``find_spec`` says None), transformers imports with what it needs (not with
+    what it merely uses where present), and a package only transformers needs is refused
+    to the project's code."""
+    code = """
+import importlib.util, sys
+for name in ("ray", "mlflow", "dvc", "gensim", "scipy"):
+    assert importlib.util.find_spec(name) is None, name
+    try:
+        __import__(name)
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise AssertionError(name + " imported")
+assert importlib.util.find_spec("tokenizers") is None  # a requirement of transformers alone
+from transformers import GPT2Config  # optional: it imports its own requirements
+assert "tokenizers" not in sys.modules and "huggingface_hub" in sys.modules
+assert "scipy" not in sys.modules  # transformers uses it where present: not here
+print("bare")
+"""
+    env = bare_environment(tmp_path / "loaded.log")
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "bare"
+    log = (tmp_path / "loaded.log").read_text().splitlines()
+    assert "refused tokenizers <- __main__" in log and "refused ray <- __main__" in log
+
+
+@pytest.mark.slow
+def test_smoke_run_on_a_bare_machine(shared_data: Path, tmp_path: Path) -> None:
+    """``--device cpu --smoke`` runs every part to the end where only the bare packages
+    (and transformers) exist, replaces the results file's GPU section and nothing else,
+    and no process it started loaded anything outside those packages."""
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# Benchmarks\n\n## Before\n\nkept\n\n## GPU (old)\n\nstale\n\n## After\n\nkept too\n"
+    )
+    log = tmp_path / "loaded.log"
+    command = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--smoke"]
+    command += ["--ptb", str(shared_data / "ptb"), "--results", str(results)]
+    done = subprocess.run(
+        command, cwd=REPO, env=bare_environment(log), capture_output=True, text=True, timeout=900
+    )
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
+    for spec in PARTS.values():
+        status = out.split(f"### {spec.title}\n\n", 1)[1].split("\n", 1)[0]
+        assert status.startswith("ran in "), f"{spec.title}: {status}"
+    assert "## Summary" in out and "skipped" not in out
+    written = results.read_text()
+    assert "stale" not in written and "kept\n" in written and written.endswith("kept too\n")
+    assert written.index("## Before") < written.index("## GPU (`python -m bench.gpu_check`)")
+    assert written.index("## GPU (") < written.index("## After")
+    assert "| GPT vs GPT-2, compiled: speed |" in written
+    assert "command: `OMP_NUM_THREADS=1 python -m bench.gpu_check --device cpu --smoke" in written
+    lines = [line.split() for line in log.read_text().splitlines()]
+    processes = [line[2:] for line in lines if line[0] == "loaded"]
+    # the check, its fork server, and the 1 + 2 and 4 trainings forked from it
+    assert len(processes) >= 1 + 1 + 3 + 4
+    loaded = {name for names in processes for name in names}
+    allowed = top_levels(requirement_closure(BARE + OPTIONAL)) | set(PROJECT)
+    allowed |= {"sitecustomize", "cython_runtime"}  # the guard; Cython's runtime (no package)
+    assert loaded <= allowed, loaded - allowed
+    assert not loaded & CLUSTER
+
+
+def test_results_section_is_replaced_in_place_or_appended() -> None:
+    new = "## GPU (`python -m bench.gpu_check`)\n\nfresh\n"
+    document = "# B\n\n## A\n\na\n\n## GPU (issue 16)\n\nold\n\nmore old\n\n## Z\n\nz\n"
+    assert replace_section(document, new) == (
+        "# B\n\n## A\n\na\n\n## GPU (`python -m bench.gpu_check`)\n\nfresh\n\n## Z\n\nz\n"
+    )
+    last = "# B\n\n## GPU\n\nold\n"
+    assert replace_section(last, new) == "# B\n\n" + new
+    assert replace_section("# B\n\n## A\n\na\n", new) == "# B\n\n## A\n\na\n\n" + new
+
+
+def test_summary_lists_every_part_with_its_status() -> None:
+    ran = Part("gpt2", "peers", 100, seconds=12.0)
+    skipped = Part("loop", "the loop", 70, skipped="no --ptb DIR")
+    failed = Part("sync", "syncs", 40, failed="RuntimeError (x.py:3): synced", seconds=41.0)
+    text = summary([ran, skipped, failed])
+    assert "| peers | ran in 12 s |" in text
+    assert "| the loop | skipped: no --ptb DIR |" in text
+    assert "| syncs | FAILED: RuntimeError (x.py:3): synced |" in text
+    assert failed.status.startswith("FAILED") and "over its" not in ran.status
+    assert "over its 40 s budget" in Part("x", "x", 40, seconds=41.0).status
+
+
+def stamps(times: list[float], tokens_per_s: float, evals: tuple[float, ...] = ()) -> tuple:
+    lines = [
+        {"train_loss": 1.0, "step": 10 * (i + 1), "time": t, "tokens_per_s": tokens_per_s}
+        for i, t in enumerate(times)
+    ]
+    lines += [{"valid_loss": 1.0, "step": 0, "time": t} for t in evals]
+    return tuple(sorted(lines, key=lambda line: line["time"]))
+
+
+def test_shared_rates_count_the_span_where_all_processes_ran() -> None:
+    # a: steady windows from t=2 to t=10 at 100 tokens/s; b starts later (t=6) at 50/s,
+    # with an evaluation inside its window (7, 8]; the first window of each is warm-up.
+    a = Outcome("a", stamps([1, 2, 4, 6, 8, 10], 100.0), 0.0, None)
+    b = Outcome("b", stamps([5, 6, 7, 8, 9, 12], 50.0, evals=(7.5,)), 0.0, None)
+    assert [(w.start, w.end) for w in b.windows(1)] == [(6, 7), (8, 9), (9, 12)]
+    result = shared([a, b], warmup=1)
+    # all were steady from max(2, 6) = 6 to min(10, 12) = 10, of the span 2..12
+    assert result.overlap == pytest.approx(4 / 10)
+    assert result.rates["a"].tokens_per_s == pytest.approx(100.0)  # windows (6,8], (8,10]
+    assert result.rates["b"].tokens_per_s == pytest.approx(50.0)  # windows (6,7], (8,9]
+    assert result.rates["b"].steps_per_s == pytest.approx(20 / 2)  # 10 steps a window
+    with pytest.raises(RuntimeError, match="no steady training windows in c"):
+        shared([a, Outcome("c", stamps([1, 2], 1.0), 0.0, None)], warmup=1)
+
+
+def test_the_four_runs_take_the_epochs_that_fit() -> None:
+    facts = {"steps_per_s_each": 10.0, "startup_s": 30.0}
+    # 132 steps at 10 steps/s: 13.2 s an epoch; 0.6 of the 90 s left after start-up: 4
+    assert epochs_that_fit(120.0, facts, 132, 175) == 4
+    assert epochs_that_fit(120.0, {}, 132, 175) == 2  # no measured rate: the least
+    assert epochs_that_fit(120.0, {"steps_per_s_each": 1e6}, 132, 30) == 30  # the profile's
+    assert epochs_that_fit(10.0, facts, 132, 175) == 2  # at least two: one timed apart
+
+
+def test_sized_runs_scale_the_averaged_epochs() -> None:
+    averaged = RunParams(epochs=175, averaging={"kind": "uniform", "epochs": 50})
+    update = sized_knobs(averaged, 7)
+    assert update["epochs"] == 7
+    assert update["averaging"].kind == "uniform" and update["averaging"].epochs == 2  # 7 x 50/175
+    assert sized_knobs(averaged, 3)["averaging"].kind == "none"  # 3 x 50/175 < 1
+    assert sized_knobs(RunParams(epochs=30), 4) == {"epochs": 4}
+
+
+def test_bad_arguments_stop_before_any_compute(tmp_path: Path) -> None:
+    def stop(*argv: str, device: str = "cpu") -> str:
+        with pytest.raises(SystemExit) as stopped:
+            setup_of(parser().parse_args(["--device", device, "--smoke", *argv]), tmp_path)
+        return str(stopped.value)
+
+    assert stop("--ptb", str(tmp_path / "nope")) == f"--ptb {tmp_path / 'nope'}: no such folder"
+    (tmp_path / "ptb.train.txt").write_text(" a b \n")
+    assert stop("--ptb", str(tmp_path)).startswith(
+        f"--ptb {tmp_path}: no ptb.valid.txt, ptb.test.txt there; copy Mikolov's"
+    )
+    assert stop("--processes", "0") == "--processes 0: at least 1"
+    assert stop("--profile", "nope.yaml") == "--profile nope.yaml: no such file"
+    if not torch.cuda.is_available():
+        assert stop(device="cuda").startswith("--device cuda: no CUDA device here; --device cpu")
+
+
+def test_peak_by_card_name() -> None:
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
+    assert peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("NVIDIA A10G") is None  # the command then asks for --peak-tflops
+
+
+def test_peer_rows_without_transformers_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what an absent package gives
+    notes: list[str] = []
+    candidates = gpt_candidates(TOY_LM, notes, smoke=True)
+    assert [c.label for c in candidates] == ["ours gpt"] and candidates[0].peer is None
+    assert notes == [notes[0]] and notes[0].startswith(
+        "the HF GPT-2 rows skipped: transformers is not installed"
+    )
+
+
+def test_our_gpt_trains_on_the_peer_batch_token_for_token() -> None:
+    batch = lm_batch(TOY_LM)
+    assert batch.flat_ids.shape == (TOY_LM.batch, TOY_LM.length)
+    assert torch.equal(batch.sentences.flatten(1), batch.flat_ids)
+    assert bool((batch.sentences[..., -1] == EOS_ID).all())
+    model, loss_fn = our_gpt(TOY_LM)
+    model.eval()  # no dropout: the two calls compute the same
+    out = model.loss(batch)
+    assert int(out.n_tokens) == TOY_LM.batch * TOY_LM.length  # what tokens/s counts
+    assert torch.allclose(loss_fn(batch), out.loss)
+
+
+@pytest.mark.slow
+def test_a_training_past_the_time_limit_is_killed(tmp_path: Path) -> None:
+    """``run_at_once`` kills what outlives its limit and says so; what it stamped stays."""
+    folder = tmp_path / "endless"
+    folder.mkdir()
+    job = TrainJob(
+        name="endless",
+        model_name="toy",
+        model=ToyFactory(),
+        data=PoolFactory(),
+        params=RunParams(epochs=10**6, patience=None, log_every=1, checkpoint_every=None),
+        run_dir=str(folder),
+        sink=MetricStamps(str(folder / "stamps.jsonl")),
+        show_progress=False,
+    )
+    start = time.monotonic()
+    (outcome,) = run_at_once({"endless": job}, "cpu", timeout_s=20.0)
+    assert 20.0 <= time.monotonic() - start < 60.0
+    assert outcome.killed
+    assert outcome.error == "the process killed at the time limit (20 s), exit code -9"
+    assert outcome.lines == tuple(MetricStamps(str(folder / "stamps.jsonl")).read())
