@@ -281,7 +281,10 @@ def test_batched_equals_one_by_one(name: str) -> None:
         alone = generate(model, single, config)
         n = int(alone.lengths[0])
         assert together.tokens[i, :n].tolist() == alone.tokens[0, :n].tolist()
-        assert together.scores[i].item() == pytest.approx(alone.scores[0].item(), abs=1e-5)
+        # float32 sums of per-step log-probabilities: a batch of 3 and a batch of 1 take
+        # other matmul kernels (their choice depends on the thread count), which moves the
+        # last bits of each step; 1e-5 failed by 2e-5 on 2 threads, on the old code too.
+        assert together.scores[i].item() == pytest.approx(alone.scores[0].item(), abs=1e-4)
 
 
 @pytest.mark.parametrize("name", ["tiny", "s2sa"])

@@ -48,7 +48,8 @@ from tests.train.test_loop import make_job
 
 n, hold, out = int(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3])
 os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = "900"  # the (n+1)-th queues
-ray.init(num_cpus=2 * (n + 1), num_gpus=1, include_dashboard=False)
+# address="local": a new private instance, even where another cluster left its address
+ray.init(address="local", num_cpus=2 * (n + 1), num_gpus=1, include_dashboard=False)
 placement = PlacementParams(use_gpu=True, gpus_per_worker=1 / n)
 
 

@@ -17,6 +17,7 @@ from pipeline.models.gpt import GPT
 from pipeline.models.stack import extent, flat_to_sentences, scatter_rows
 from pipeline.names import Task
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch
+from tests.models.compiled import assert_compiles_like_eager
 
 VOCAB = 40
 SMALL = {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2, "dropout": 0.0}
@@ -325,23 +326,7 @@ def test_padded_static_path_equals_the_trimmed_one(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.slow
 def test_loss_compiles_in_one_graph_and_matches_eager() -> None:
-    model = small(**RECIPE).train()
-    batch = lm_batch_from_sentences(random_documents(seed=5))
-    torch._dynamo.reset()
-    explanation = torch._dynamo.explain(model.loss)(batch)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
-    model.eval()  # dropout off: both paths see the same function
-    compiled = torch.compile(model.loss, backend="aot_eager", fullgraph=True)(batch)
-    compiled.loss.backward()
-    compiled_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    eager = model.loss(batch)
-    eager.loss.backward()
-    torch.testing.assert_close(compiled.loss, eager.loss, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(compiled.nll_sum, eager.nll_sum, atol=1e-4, rtol=1e-5)
-    for got, p in zip(compiled_grads, model.parameters(), strict=True):
-        torch.testing.assert_close(got, p.grad, atol=1e-5, rtol=1e-4)
-    assert torch.equal(compiled.n_tokens, eager.n_tokens)
+    assert_compiles_like_eager(small(**RECIPE), lm_batch_from_sentences(random_documents(seed=5)))
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from pipeline.models.base import count_parameters
 from pipeline.models.hgpt import HierarchicalGPT, Stage
 from pipeline.names import Task
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch, shared_data_dir
+from tests.models.compiled import assert_compiles_like_eager
 from tests.models.test_gpt import RECIPE
 
 VOCAB = 40
@@ -348,19 +349,4 @@ def test_padded_static_path_equals_the_trimmed_one(
 
 @pytest.mark.slow
 def test_loss_compiles_in_one_graph_and_matches_eager() -> None:
-    model = small(**RECIPE).train()
-    batch = lm_batch_from_sentences(DOCS)
-    torch._dynamo.reset()
-    explanation = torch._dynamo.explain(model.loss)(batch)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
-    model.eval()  # dropout off: both paths see the same function
-    compiled = torch.compile(model.loss, backend="aot_eager", fullgraph=True)(batch)
-    compiled.loss.backward()
-    compiled_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    eager = model.loss(batch)
-    eager.loss.backward()
-    torch.testing.assert_close(compiled.loss, eager.loss, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(compiled.nll_sum, eager.nll_sum, atol=1e-4, rtol=1e-5)
-    for got, p in zip(compiled_grads, model.parameters(), strict=True):
-        torch.testing.assert_close(got, p.grad, atol=1e-5, rtol=1e-4)
+    assert_compiles_like_eager(small(**RECIPE), lm_batch_from_sentences(DOCS))
