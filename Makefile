@@ -42,7 +42,7 @@ compare: setup  ## the runs' key metrics side by side, a table per task (REV=mai
 
 test: setup  ## the layers' import contracts, then the whole test suite (slow tests included)
 	$(IN_VENV) PYTHONPATH=. $(BIN)/lint-imports
-	$(IN_VENV) $(BIN)/python -m pytest -q
+	$(IN_VENV) $(BIN)/python -m pytest -q --durations=20
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

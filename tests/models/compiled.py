@@ -3,6 +3,9 @@ of the compiled training step equal the eager ones."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
+import pytest
 import torch
 from torch import nn
 
@@ -29,3 +32,16 @@ def assert_compiles_like_eager(model: nn.Module, batch: LMBatch) -> None:
     for got, p in zip(compiled_grads, model.parameters(), strict=True):
         torch.testing.assert_close(got, p.grad, atol=1e-5, rtol=1e-4)
     assert torch.equal(compiled.n_tokens, eager.n_tokens)
+
+
+def assert_static_path_matches_trimmed(
+    model: nn.Module, module: ModuleType, padded: LMBatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``model.token_nll`` of a batch with extra padding: the static-shape path (forced on
+    through ``module.static_shapes``, as under compile or off the CPU) equals the trimmed
+    one, and is zero on the padding."""
+    trimmed = model.token_nll(padded)
+    monkeypatch.setattr(module, "static_shapes", lambda like: True)
+    static = model.token_nll(padded)
+    torch.testing.assert_close(static, trimmed, atol=1e-5, rtol=1e-5)
+    assert torch.all(static[~padded.sentence_mask] == 0)

@@ -17,7 +17,7 @@ from pipeline.models.gpt import GPT
 from pipeline.models.stack import extent, flat_to_sentences, scatter_rows
 from pipeline.names import Task
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch
-from tests.models.compiled import assert_compiles_like_eager
+from tests.models.compiled import assert_compiles_like_eager, assert_static_path_matches_trimmed
 
 VOCAB = 40
 SMALL = {"d_model": 32, "n_heads": 4, "d_ff": 64, "n_layers": 2, "dropout": 0.0}
@@ -317,11 +317,7 @@ def test_padded_static_path_equals_the_trimmed_one(monkeypatch: pytest.MonkeyPat
         flat_ids=F.pad(batch.flat_ids, (0, 3)),
         flat_mask=F.pad(batch.flat_mask, (0, 3)),
     )
-    trimmed = model.token_nll(padded)
-    monkeypatch.setattr(gpt_module, "static_shapes", lambda like: True)
-    static = model.token_nll(padded)
-    torch.testing.assert_close(static, trimmed, atol=1e-5, rtol=1e-5)
-    assert torch.all(static[~padded.sentence_mask] == 0)
+    assert_static_path_matches_trimmed(model, gpt_module, padded, monkeypatch)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from pipeline.models.base import count_parameters
 from pipeline.models.hgpt import HierarchicalGPT, Stage
 from pipeline.names import Task
 from tests.batches import lm_batch_from_sentences, ptb_lm_batch, shared_data_dir
-from tests.models.compiled import assert_compiles_like_eager
+from tests.models.compiled import assert_compiles_like_eager, assert_static_path_matches_trimmed
 from tests.models.test_gpt import RECIPE
 
 VOCAB = 40
@@ -340,11 +340,7 @@ def test_padded_static_path_equals_the_trimmed_one(
         sentences=F.pad(batch.sentences, (0, 2, 0, 1)),
         sentence_mask=F.pad(batch.sentence_mask, (0, 2, 0, 1)),
     )
-    trimmed = model.token_nll(padded)
-    monkeypatch.setattr(hgpt_module, "static_shapes", lambda like: True)
-    static = model.token_nll(padded)
-    torch.testing.assert_close(static, trimmed, atol=1e-5, rtol=1e-5)
-    assert torch.all(static[~padded.sentence_mask] == 0)
+    assert_static_path_matches_trimmed(model, hgpt_module, padded, monkeypatch)
 
 
 @pytest.mark.slow
