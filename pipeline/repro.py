@@ -287,21 +287,30 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--jobs must be at least 1")
     if args.jobs == 1 and args.dry_run:
         print("dvc repro")
-    if args.jobs == 1:  # a plain `dvc repro`: today's behaviour
-        return 0 if args.dry_run else run_final(1, [])
-    plan = load_plan(args.final)
-    if args.dry_run:
+        return 0
+    plan = load_plan(args.final) if args.jobs > 1 else None
+    if plan is not None and args.dry_run:
         print(f"`dvc repro -s`, {args.jobs} at a time, each once its upstream stages are done:")
         for i, wave in enumerate(plan.waves(), 1):
             print(f"  wave {i}: {' '.join(wave)}")
         print(f"then `dvc repro` for: {' '.join(plan.left) or '(nothing left)'}")
         return 0
+    from pipeline.gpu_share import run_instance  # torch and Ray: not for --help
+
+    with run_instance(args.jobs):  # the stages' one Ray instance on a GPU machine
+        if plan is None:  # a plain `dvc repro`: today's behaviour
+            return run_final(1, [])
+        return run_plan(plan, args.jobs)
+
+
+def run_plan(plan: Plan, jobs: int) -> int:
+    """The stages of ``plan`` at most ``jobs`` at a time, then the closing ``dvc repro``."""
     records: list[Record] = []
-    code = run_stages(plan, args.jobs, records)
+    code = run_stages(plan, jobs, records)
     if code != 0:
-        write_times(args.jobs, records, None)
+        write_times(jobs, records, None)
         return code
-    return run_final(args.jobs, records)
+    return run_final(jobs, records)
 
 
 if __name__ == "__main__":

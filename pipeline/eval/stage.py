@@ -73,6 +73,7 @@ from pipeline.eval.collect import (
 from pipeline.eval.generation import GenerateEvaluator, embedding_vectors
 from pipeline.eval.language import LMEvaluator
 from pipeline.eval.selection import SelectEvaluator
+from pipeline.gpu_share import gpu_lease
 from pipeline.models import registry
 from pipeline.models.saved import load_model
 from pipeline.names import Task
@@ -111,7 +112,8 @@ def evaluate_run(
     vectors = _vectors(settings, model_name, corpus, layout)
     job = SeedEvaluation(settings, model_name, corpus, layout.root, key, progress, vectors)
     if record.workers == 0 or record.placement is None:
-        results = [job(seed) for seed in record.seeds]
+        with gpu_lease(record.placement or PlacementParams()):  # as the training had
+            results = [job(seed) for seed in record.seeds]
     else:
         results = _on_cluster(job, record.seeds, record.placement)
     out = layout.eval_out(key)

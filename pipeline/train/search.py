@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from pipeline.artifacts import TuneRecord
+from pipeline.cluster import use_gpu
 from pipeline.config import RunParams, SearchDim, SearchKind, SearchSpace, TuneParams
 from pipeline.errors import ConfigError
 from pipeline.plan import RunPlan
@@ -255,6 +256,10 @@ def search(setup: TrialSetup, show_progress: bool = True) -> SearchResult:
     # some resource in a trial's request; a byte of memory holds nothing back, where a
     # fraction of a CPU would leave a 1-CPU node unable to host a 1-CPU worker.
     resources = {"CPU": t.cpus_per_trial} if plan.workers == 0 else {"CPU": 0, "memory": 1}
+    if plan.workers == 0 and use_gpu(plan.placement):
+        # a trial that trains in its own process holds its GPU share: Ray leaves a trial
+        # without one every GPU, and the trials of concurrent stages would share cuda:0
+        resources["GPU"] = plan.placement.gpus_per_worker
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=setup), resources)
     space_dict = param_space(plan.space)
     path = f"{plan.storage.rstrip('/')}/{name}"

@@ -25,6 +25,7 @@ from pipeline.cluster import ray_cluster
 from pipeline.config import Selection
 from pipeline.data.loader import load_vocab
 from pipeline.errors import ConfigError, DataError
+from pipeline.gpu_share import gpu_lease
 from pipeline.models.word_vectors import (
     DimensionError,
     WordVectors,
@@ -48,7 +49,8 @@ def train_seeds(
     first = plan_training(request, root)
     plans = [first.for_seed(i) for i in range(len(first.seeds))]
     if first.workers == 0:
-        trained = [_timed(plan, show_progress) for plan in plans]
+        with gpu_lease(first.placement):  # its own GPU when the stages share a machine
+            trained = [_timed(plan, show_progress) for plan in plans]
     else:
         with ray_cluster(), ThreadPoolExecutor(len(plans), "seed") as pool:
             check_reachable(first)
