@@ -15,12 +15,13 @@ export MLFLOW_DISABLE_TELEMETRY := true
 # torch first: its CPU wheel is pinned; a looser resolve would pull several GB of CUDA wheels.
 # An existing venv is kept (a change to pyproject.toml re-installs into it): `venv` run over
 # a venv made by another python3 rewrites its pyvenv.cfg and breaks it. `rm -r .venv` starts over.
-$(VENV)/.installed: pyproject.toml
+# constraints.txt: the versions the tests ran with, shared with the images (infra/).
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "hiertx needs Python >= 3.11"'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 
 setup: $(VENV)/.installed
