@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_sbatch_starts_a_head_and_a_worker_and_runs_the_command_on_them(tmp_path
         "SLURM_CPUS_PER_TASK": "1",
         "SRUN_LOG": str(tmp_path / "srun.log"),
         "HIERTX_RAY_START_ARGS": f"--object-store-memory={200 * 2**20} --memory={2 * 2**30}",
-        "RAY_TMPDIR": str(tmp_path),
+        "RAY_TMPDIR": tempfile.mkdtemp(prefix="hx", dir="/tmp"),  # short: Ray's socket paths
     }
     flags = ["-n"] if os.getuid() == 0 else ["-r", "-n"]
     run = f'ip link set lo up && exec {SCRIPT} python -c "{DRIVER}"'
