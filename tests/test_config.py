@@ -227,7 +227,7 @@ def test_new_run_knobs_are_off_by_default(tiny: dict) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "reason"),
     [
-        ("train.defaults.compile", "yes", "'auto', 'on' or 'off'"),
+        ("train.defaults.compile", "yes", "'auto', 'on', 'off'"),
         ("train.defaults.batch_tokens", 0, "greater than 0"),
         ("train.models.gpt.averaging.kind", "swa", "'none', 'uniform' or 'ema'"),
         ("train.models.gpt.averaging.ema_decay", 1.0, "less than 1"),
@@ -259,7 +259,7 @@ def test_compile_takes_yaml_booleans_as_typed_and_as_dvc_writes_them(tmp_path: P
         assert load_params(path).train.defaults.compile == value
     with pytest.raises(ConfigError) as err:
         parse_params(with_value(read_params(path), "train.defaults.compile", "yes"))
-    assert err.value.key == "train.defaults.compile" and "'auto', 'on' or 'off'" in err.value.reason
+    assert err.value.key == "train.defaults.compile" and "'auto', 'on', 'off'" in err.value.reason
 
 
 def test_evaluate_corpora_replace_only_the_keys_they_set() -> None:

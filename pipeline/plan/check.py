@@ -389,21 +389,23 @@ def _check_batches(params: Params) -> None:
 
 
 def _check_compile(params: Params) -> None:
-    """``compile: on`` only for a model that compiles whole (``supports_compile``; ``auto``
-    leaves the others eager): the others break the compiled graph at every step and
-    recompile as shapes change (hrt_last took minutes a step)."""
+    """``compile: on`` (or ``reduce-overhead``) only for a model that compiles whole
+    (``supports_compile``; ``auto`` leaves the others eager): the others break the
+    compiled graph at every step and recompile as shapes change (hrt_last took minutes a
+    step)."""
     for _, key, target in runs_of(params):
         knobs = params.train.run(target.model, target.corpus, target.variant)
-        if knobs.compile != CompileMode.ON:
+        if knobs.compile in (CompileMode.AUTO, CompileMode.OFF):
             continue
         why = _why_eager(params, key, target)
         if why is None:
             continue
         raise ConfigError(
             params.train.source(key, target.model, "compile"),
-            f"run {key}: {target.model} cannot be compiled whole: {why}. Set compile: auto "
-            "(it trains this model eagerly and compiles the others on CUDA) or off, for "
-            f"this model under train.models.{target.model}.compile",
+            f"run {key}: {target.model} cannot be compiled whole (compile: "
+            f"{knobs.compile.value}): {why}. Set compile: auto (it trains this model eagerly "
+            "and compiles the others on CUDA) or off, for this model under "
+            f"train.models.{target.model}.compile",
         )
 
 

@@ -185,14 +185,16 @@ def test_compile_on_for_a_model_that_cannot_compile_names_it_and_why(tiny: dict)
     err = _error(with_value(raw, "train.models.hrt_last.compile", "on"))
     assert err.key == "train.models.hrt_last.compile"
     assert err.reason.startswith(
-        "run hrt_last-chitchat: hrt_last cannot be compiled whole: its recurrence runs once "
-        "per utterance of the batch's longest context"
+        "run hrt_last-chitchat: hrt_last cannot be compiled whole (compile: on): its "
+        "recurrence runs once per utterance of the batch's longest context"
     )
     assert "Set compile: auto" in err.reason
     err = _error(with_value(raw, "train.models.s2sa.compile", "on"))
-    assert "s2sa cannot be compiled whole: it runs nn.GRU, which torch.compile" in err.reason
-    err = _error(with_value(raw, "train.models.with_none.compile", "on"))
-    assert "with_none cannot be compiled whole: its recurrence runs" in err.reason
+    assert "s2sa cannot be compiled whole (compile: on): it runs nn.GRU, which" in err.reason
+    err = _error(with_value(raw, "train.models.with_none.compile", "reduce-overhead"))
+    assert "with_none cannot be compiled whole (compile: reduce-overhead): its recurrence" in (
+        err.reason
+    )
     transformer = with_value(tiny, "train.defaults.compile", "on")  # GPT, U-Net ... compile
     assert checked(with_value(transformer, "tune.runs", {}))
 
