@@ -146,10 +146,12 @@ def never_averaged(plan: RunPlan, seed: TrainedSeed) -> str:
     """What the stage says of a seed whose averaging never began."""
     knobs = plan.knobs
     stop = (seed.stop_reason or "").replace("_", " ")
+    n = knobs.averaging.epochs
+    last = "the last epoch" if n == 1 else f"the last {n} epochs"
     return (
         f"averaging never began: the run stopped ({stop}) at step {seed.metric('steps'):.0f}, "
-        f"before its averaged epochs (the last {knobs.averaging.epochs} of {knobs.epochs}); "
-        f"it keeps its live weights (patience {knobs.patience}: null always reaches averaging)"
+        f"before averaging ({last} of {knobs.epochs}); it keeps its live weights (patience "
+        f"{knobs.patience}: null always reaches averaging)"
     )
 
 
