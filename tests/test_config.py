@@ -12,6 +12,7 @@ import yaml
 
 from pipeline.config import (
     Params,
+    SearchSpace,
     load_params,
     params_file,
     parse_params,
@@ -226,7 +227,7 @@ def test_new_run_knobs_are_off_by_default(tiny: dict) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "reason"),
     [
-        ("train.defaults.compile", "yes", "'auto', 'on' or 'off'"),
+        ("train.defaults.compile", "yes", "'auto', 'on', 'off'"),
         ("train.defaults.batch_tokens", 0, "greater than 0"),
         ("train.models.gpt.averaging.kind", "swa", "'none', 'uniform' or 'ema'"),
         ("train.models.gpt.averaging.ema_decay", 1.0, "less than 1"),
@@ -243,28 +244,22 @@ def test_new_knobs_refuse_bad_values_naming_the_key(
     assert err.key == key and reason in err.reason
 
 
-def test_knobs_that_bound_each_other_are_checked_where_they_meet(tiny: dict) -> None:
-    """Averaging's epochs set for a model, the run's epochs in its overrides: the merged
-    run is what must hold, and the error names the key that sets the bound knob."""
-    raw = with_value(tiny, "train.models.gpt.averaging", {"kind": "uniform", "epochs": 3})
-    err = _error(raw)  # train.defaults.epochs is 1
-    assert err.key == "train.models.gpt.averaging.epochs"
-    assert err.reason.startswith("3 averaged epochs in a run of 1 epochs: make it at most")
-    run = "train.runs.gpt-chitchat"
-    params = parse_params(with_value(raw, run, {"model": "gpt", "corpus": "chitchat",
-                                                "overrides": {"epochs": 5}}))  # fmt: skip
-    assert params.train.run("gpt", "chitchat").averaging.epochs == 3
-    # only what a run trains is checked: no run of hgpt here (a tune trial sets its epochs)
-    assert parse_params(
-        with_value(tiny, "train.models.hgpt.averaging", {"kind": "ema", "epochs": 2})
-    )
-    cosine = {"kind": "cosine", "warmup_steps": 10, "decay_steps": 10}
-    err = _error(with_value(tiny, f"{run}.overrides.schedule", cosine))
-    assert err.key == f"{run}.overrides.schedule.decay_steps"
-    assert err.reason.startswith("10 must exceed warmup_steps (10)")
-    err = _error(with_value(tiny, "train.defaults.schedule", {"kind": "cosine", "min_lr": 1.0}))
-    assert err.key == "train.defaults.schedule.min_lr"
-    assert "is above optimizer.lr" in err.reason
+def test_compile_takes_yaml_booleans_as_typed_and_as_dvc_writes_them(tmp_path: Path) -> None:
+    """Unquoted ``off``/``on`` are YAML 1.1 booleans (PyYAML), and ``dvc exp run -S
+    train.defaults.compile=off`` writes ``off`` unquoted: both mean what they say."""
+    from dvc.utils.hydra import apply_overrides
+
+    text = "tokenize: {corpora: {chitchat: {}}}\ntrain:\n  defaults: {compile: off}\n"
+    path = _write(tmp_path, text + "  models: {gpt: {compile: on}}\n")
+    params = load_params(path)
+    assert params.train.defaults.compile == "off"
+    assert params.train.models["gpt"].compile == "on"
+    for value in ("off", "on", "auto"):
+        apply_overrides(path, [f"train.defaults.compile={value}"])  # the sweep route
+        assert load_params(path).train.defaults.compile == value
+    with pytest.raises(ConfigError) as err:
+        parse_params(with_value(read_params(path), "train.defaults.compile", "yes"))
+    assert err.value.key == "train.defaults.compile" and "'auto', 'on', 'off'" in err.value.reason
 
 
 def test_evaluate_corpora_replace_only_the_keys_they_set() -> None:
@@ -288,6 +283,58 @@ def test_evaluate_corpora_replace_only_the_keys_they_set() -> None:
     assert ev.for_corpus("ptb").decodes_for("hier") == ev.decodes_for("hier")
     multiwoz = ev.for_corpus("multiwoz21")
     assert multiwoz.max_batches == 10 and [d.suffix for d in multiwoz.decodes_for("hier")] == [""]
+
+
+@pytest.mark.parametrize(
+    ("overall", "own", "expected"),
+    [  # a per-corpus lm block overrides the keys it names, in either direction
+        ({"context_tokens": 20, "stride_tokens": 5}, {"protocol": "stream"}, ("stream", 20, 5)),
+        ({"protocol": "stream"}, {"context_tokens": 20}, ("stream", 20, 10)),
+        ({"protocol": "stream"}, {}, ("stream", 130, 10)),
+    ],
+)
+def test_a_corpus_lm_protocol_overrides_only_the_keys_it_names(
+    overall: dict, own: dict, expected: tuple
+) -> None:
+    params = parse_params(
+        {
+            "tokenize": {"corpora": {"chitchat": {}}},
+            "evaluate": {"lm": overall, "corpora": {"ptb": {"lm": own}}},
+        }
+    )
+    lm = params.evaluate.for_corpus("ptb").lm
+    assert (lm.protocol, lm.context_tokens, lm.stride_tokens) == expected
+    assert params.evaluate.for_corpus("chitchat").lm == params.evaluate.lm
+
+
+def test_a_search_spaces_corners_are_every_combination_of_its_extremes() -> None:
+    space = SearchSpace.model_validate(
+        {
+            "model": {
+                "n_heads": {"kind": "int", "low": 2, "high": 9, "step": 2},
+                "layout": {"kind": "choice", "choices": ["masked", "flex"]},
+            },
+            "optimizer": {"lr": {"kind": "log_float", "low": 1e-4, "high": 1e-4}},
+        }
+    )
+    corners = space.corners()
+    assert [c for c, _ in corners] == [
+        {"model": {"n_heads": h, "layout": lay}, "optimizer": {"lr": 1e-4}}
+        for h in (2, 8)  # qrandint's largest value
+        for lay in ("masked", "flex")
+    ]
+    assert corners[-1][1] == {
+        "model.n_heads": "high",
+        "model.layout": "choice 2",
+        "optimizer.lr": "low",
+    }
+    # beyond the limit: each dimension's extremes, the others at their first
+    few = space.corners(limit=3)
+    assert [c["model"] for c, _ in few] == [
+        {"n_heads": 2, "layout": "masked"},
+        {"n_heads": 8, "layout": "masked"},
+        {"n_heads": 2, "layout": "flex"},
+    ]
 
 
 # --------------------------------------------------------------------------- the file itself

@@ -317,6 +317,20 @@ class TrainedSeed(BaseModel):
     metrics: dict[str, float | None]
     tuned_from: TuneRecord | None = None
     mlflow: MlflowRef | None = None
+    stop_reason: str | None = Field(
+        default=None, description="what ended training: epochs, max_steps or early_stopping"
+    )
+    averaged_steps: int | None = Field(
+        default=None,
+        description="the optimizer steps its weight average covers (train.averaging); None: "
+        "no averaging configured, 0: averaging never began (the run stopped before it)",
+    )
+
+    @property
+    def averaging_never_began(self) -> bool:
+        """Averaging was configured, and the run stopped before its first averaged step:
+        its weights are the live ones."""
+        return self.averaged_steps == 0
 
     def metric(self, name: str) -> float:
         """A train metric (NaN when absent or written as null)."""

@@ -47,7 +47,7 @@ from pipeline.config.evaluate import (
     Word2VecParams,
 )
 from pipeline.config.params_file import read_yaml
-from pipeline.config.sections import CorpusKey, Section
+from pipeline.config.sections import CorpusKey, Section, merge_params
 from pipeline.config.train import (
     AveragingKind,
     AveragingParams,
@@ -64,12 +64,20 @@ from pipeline.config.train import (
     ScheduleParams,
     Selection,
     TrainParams,
-    merge_params,
+    knob_sources,
     parse_run_key,
     run_key,
     run_label,
 )
-from pipeline.config.tune import SearchDim, SearchKind, SearchSpace, TuneParams
+from pipeline.config.tune import (
+    SearchDim,
+    SearchKind,
+    SearchSpace,
+    TuneParams,
+    sampled_model,
+    trial_params,
+    tuned_knobs,
+)
 from pipeline.config.validation import config_error
 from pipeline.errors import ConfigError
 from pipeline.names import CorpusName
@@ -201,6 +209,7 @@ __all__ = [
     "TuneParams",
     "VocabParams",
     "Word2VecParams",
+    "knob_sources",
     "load_params",
     "merge_params",
     "parse_params",
@@ -208,4 +217,7 @@ __all__ = [
     "read_params",
     "run_key",
     "run_label",
+    "sampled_model",
+    "trial_params",
+    "tuned_knobs",
 ]  # fmt: skip

@@ -10,7 +10,7 @@ from pydantic import (
     field_validator,
 )
 
-from pipeline.config.sections import CorpusKey, Section
+from pipeline.config.sections import CorpusKey, Section, merge_params
 
 # --------------------------------------------------------------------------- tracking
 
@@ -133,7 +133,9 @@ class CorpusEvaluateParams(Section):
         default=(DecodeParams(),), description="every generate model's decodings here"
     )
     lm: LMEvaluateParams = Field(
-        default=LMEvaluateParams(), description="the language models' protocol here"
+        default=LMEvaluateParams(),
+        description="the language models' protocol here: only the keys that differ from "
+        "evaluate.lm",
     )
 
     @field_validator("decodes")
@@ -194,11 +196,15 @@ class EvaluateParams(Section):
         return models
 
     def for_corpus(self, corpus: str) -> EvaluateParams:
-        """These settings with the keys ``corpora.<corpus>`` sets replaced."""
+        """These settings with the keys ``corpora.<corpus>`` sets replaced; its ``lm``
+        block overrides only the keys it names (a global ``evaluate.lm`` stride with a
+        per-corpus ``protocol: stream`` streams at that stride)."""
         if corpus not in self.corpora:
             return self
         own = self.corpora[corpus]
         update = {name: getattr(own, name) for name in own.model_fields_set}
+        if "lm" in update:
+            update["lm"] = merge_params(self.lm, own.lm)
         if "decodes" in update:  # they replace every model's decodings on this corpus
             update["models"] = {}
         return self.model_copy(update=update)

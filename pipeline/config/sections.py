@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
@@ -18,3 +18,17 @@ class Section(BaseModel):
 # its source (``tokenize.corpora.<name>.source``). No ``-``: run keys join model, corpus and
 # variant with it (``hier-chitchat``).
 CorpusKey = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*$")]
+
+
+def merge_params(base: Section, override: Section) -> Section:
+    """``base`` updated with the fields ``override`` was given explicitly (its
+    ``model_fields_set``): nested sections merge recursively, mappings are updated."""
+    update: dict[str, Any] = {}
+    for name in override.model_fields_set:
+        new, old = getattr(override, name), getattr(base, name)
+        if isinstance(new, Section) and isinstance(old, Section):
+            new = merge_params(old, new)
+        elif isinstance(new, dict) and isinstance(old, dict):
+            new = {**old, **new}
+        update[name] = new
+    return type(base).model_validate({**base.model_dump(), **update})

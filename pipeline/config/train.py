@@ -12,7 +12,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.config.sections import CorpusKey, Section
+from pipeline.config.sections import CorpusKey, Section, merge_params
 from pipeline.errors import ConfigError
 
 # --------------------------------------------------------------------------- train
@@ -95,6 +95,8 @@ class CompileMode(enum.StrEnum):
     AUTO = "auto"  # on CUDA for models that compile whole (supports_compile), else off
     ON = "on"
     OFF = "off"
+    # on, with CUDA graphs (torch.compile's mode) over bucketed static shapes: small steps
+    REDUCE_OVERHEAD = "reduce-overhead"
 
 
 class Precision(enum.StrEnum):
@@ -178,7 +180,8 @@ class RunParams(Section):
     compile: CompileMode = Field(
         default=CompileMode.AUTO,
         description="torch.compile the training forward and backward: auto = on CUDA for "
-        "models that compile without graph breaks (off on CPU, where it is slower)",
+        "models that compile without graph breaks (off on CPU, where it is slower); "
+        "reduce-overhead = on, with CUDA graphs over bucketed shapes (small steps)",
     )
     batch_tokens: int | None = Field(
         default=None,
@@ -211,31 +214,27 @@ class RunParams(Section):
         "runs only: tune trials start from random embeddings",
     )
 
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_from_yaml_booleans(cls, value: Any) -> Any:
+        """YAML 1.1 reads unquoted ``on``/``off`` (and ``yes``/``no``) as booleans, and so
+        does ``dvc exp run -S train.defaults.compile=off``: true means on, false off."""
+        if isinstance(value, bool):
+            return CompileMode.ON if value else CompileMode.OFF
+        return value
 
-def knob_conflict(knobs: RunParams) -> tuple[str, str] | None:
-    """The first pair of merged knobs that contradict each other, as (dotted knob, what
-    to do), or None."""
-    avg, schedule = knobs.averaging, knobs.schedule
-    if avg.kind != AveragingKind.NONE and avg.epochs > knobs.epochs:
-        return (
-            "averaging.epochs",
-            f"{avg.epochs} averaged epochs in a run of {knobs.epochs} epochs: make it at "
-            f"most epochs ({knobs.epochs}), or raise epochs",
-        )
-    if schedule.kind == ScheduleKind.COSINE:
-        if schedule.min_lr > knobs.optimizer.lr:
-            return (
-                "schedule.min_lr",
-                f"{schedule.min_lr:g} is above optimizer.lr ({knobs.optimizer.lr:g}): the "
-                "cosine decays from lr down to min_lr; lower it",
-            )
-        if schedule.decay_steps is not None and schedule.decay_steps <= schedule.warmup_steps:
-            return (
-                "schedule.decay_steps",
-                f"{schedule.decay_steps} must exceed warmup_steps ({schedule.warmup_steps}): "
-                "it counts from the first step, warm-up included",
-            )
-    return None
+
+def knob_names(section: type[Section], prefix: str = "") -> list[str]:
+    """The dotted names of every leaf field of ``section`` (``schedule.min_lr``), mappings
+    (a run's ``model`` config overrides) left out."""
+    out = []
+    for name, info in section.model_fields.items():
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, Section):
+            out += knob_names(kind, f"{prefix}{name}.")
+        elif name != "model":
+            out.append(f"{prefix}{name}")
+    return out
 
 
 def _sets(section: Section, dotted_key: str) -> bool:
@@ -245,20 +244,6 @@ def _sets(section: Section, dotted_key: str) -> bool:
         return False
     value = getattr(section, head)
     return not rest or not isinstance(value, Section) or _sets(value, rest)
-
-
-def merge_params(base: Section, override: Section) -> Section:
-    """``base`` updated with the fields ``override`` was given explicitly (its
-    ``model_fields_set``): nested sections merge recursively, mappings are updated."""
-    update: dict[str, Any] = {}
-    for name in override.model_fields_set:
-        new, old = getattr(override, name), getattr(base, name)
-        if isinstance(new, Section) and isinstance(old, Section):
-            new = merge_params(old, new)
-        elif isinstance(new, dict) and isinstance(old, dict):
-            new = {**old, **new}
-        update[name] = new
-    return type(base).model_validate({**base.model_dump(), **update})
 
 
 class RunTarget(Section):
@@ -367,24 +352,15 @@ class TrainParams(Section):
     @model_validator(mode="after")
     def _keys(self) -> TrainParams:
         check_run_keys(self.runs, "runs")
-        self._check_merged()
         return self
 
-    def _check_merged(self) -> None:
-        """The knobs that bound one another, set at different levels (averaging.epochs in
-        ``models.<m>``, epochs in a run's overrides), are checked where they meet: in each
-        run's merged knobs, the error naming the most specific level that sets the knob.
-        (A tune trial sets its own epochs: ``tune.epochs_per_trial``.)"""
-        for key, target in self.runs.items():
-            problem = knob_conflict(self.run(target.model, target.corpus, target.variant))
-            if problem is None:
-                continue
-            knob, reason = problem
-            levels = [(f"runs.{key}.overrides", target.overrides)]
-            if target.model in self.models:
-                levels.append((f"models.{target.model}", self.models[target.model]))
-            where = next((p for p, sec in levels if _sets(sec, knob)), "defaults")
-            raise ValueError(f"{where}.{knob}: {reason}")
+    def source(self, key: str, model: str, knob: str) -> str:
+        """The dotted params key that sets ``knob`` for run ``key`` (:func:`knob_source`)."""
+        return knob_source(run_levels(self, key, model), knob)
+
+    def sets(self, key: str, model: str, knob: str) -> bool:
+        """Whether a level of run ``key`` gives ``knob`` (else it is the default)."""
+        return any(_sets(level, knob) for _, level in run_levels(self, key, model))
 
     def run(self, model: str, corpus: str, variant: str | None = None) -> RunParams:
         """The merged knobs of ``model`` on ``corpus`` (its ``variant``): defaults < models
@@ -396,3 +372,41 @@ class TrainParams(Section):
         if target is not None:
             merged = merge_params(merged, target.overrides)
         return merged  # type: ignore[return-value]
+
+
+def run_levels(train: TrainParams, key: str, model: str) -> list[tuple[str, RunParams]]:
+    """Where the knobs of run ``key`` (of ``model``) come from, most specific first, each
+    with its dotted params key: its overrides (a train run's), ``train.models.<model>``,
+    ``train.defaults``. The knobs that bound one another may be set at different levels
+    (averaging.epochs for a model, epochs in a run's overrides): the params check
+    (``pipeline.plan.check``) checks them where they meet, in the merged knobs, and names
+    each level that contributed."""
+    out = []
+    if key in train.runs:
+        out.append((f"train.runs.{key}.overrides", train.runs[key].overrides))
+    if model in train.models:
+        out.append((f"train.models.{model}", train.models[model]))
+    return [*out, ("train.defaults", train.defaults)]
+
+
+def knob_source(levels: list[tuple[str, RunParams]], knob: str) -> str:
+    """The dotted params key that sets ``knob`` (``schedule.min_lr``) among a run's
+    ``levels``: the most specific level that gives it; for a knob left at its default, the
+    most specific level that gives its section (where the run's ``schedule`` is), else
+    ``train.defaults``."""
+    where = next((prefix for prefix, level in levels if _sets(level, knob)), None)
+    if where is None:
+        section = knob.rpartition(".")[0]
+        where = next(
+            (prefix for prefix, level in levels if section and _sets(level, section)),
+            levels[-1][0],
+        )
+    return f"{where}.{knob}"
+
+
+def knob_sources(train: TrainParams, key: str, model: str) -> dict[str, str]:
+    """:func:`knob_source` of every knob of run ``key`` (dotted; the model config aside).
+    A function, not a method: what the train stage reads of params is recorded field by
+    field (``tests/test_dvc.py``), and a method call would take ``train`` whole."""
+    levels = run_levels(train, key, model)
+    return {knob: knob_source(levels, knob) for knob in knob_names(RunParams)}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import itertools
+import math
 from typing import Any
 
 from pydantic import (
@@ -11,7 +13,7 @@ from pydantic import (
 )
 
 from pipeline.config.sections import Section
-from pipeline.config.train import OptimizerParams, RunTarget, check_run_keys
+from pipeline.config.train import OptimizerParams, RunParams, RunTarget, check_run_keys
 
 # --------------------------------------------------------------------------- tune
 
@@ -51,6 +53,19 @@ class SearchDim(Section):
             raise ValueError("low: an int dimension needs integer bounds")
         return self
 
+    def extremes(self) -> list[tuple[str, Any]]:
+        """The values at the edges of this dimension, each named (``"low"``, ``"high"``,
+        ``"choice 2"``): what the params check tries every trial's rules at."""
+        if self.kind == SearchKind.CHOICE:
+            return [(f"choice {i + 1}", v) for i, v in enumerate(self.choices or ())]
+        assert self.low is not None and self.high is not None
+        if self.kind == SearchKind.INT:
+            low, high, step = int(self.low), int(self.high), int(self.step or 1)
+            high = low + (high - low) // step * step  # qrandint's largest value
+        else:
+            low, high = self.low, self.high
+        return [("low", low)] if low == high else [("low", low), ("high", high)]
+
 
 class SearchSpace(Section):
     """What is searched for one model: fields of its config and of the optimizer.
@@ -64,6 +79,36 @@ class SearchSpace(Section):
     model: dict[str, SearchDim] = Field(default_factory=dict)
     per_head: dict[str, SearchDim] = Field(default_factory=dict)
     optimizer: dict[str, SearchDim] = Field(default_factory=dict)
+
+    def corners(self, limit: int = 256) -> list[tuple[dict[str, dict[str, Any]], dict[str, str]]]:
+        """Samples at the space's extremes, as a trial samples them (``{"model": ...,
+        "per_head": ..., "optimizer": ...}``), each with which extreme it took of each
+        dimension (``{"model.dropout": "low"}``): every combination of every dimension's
+        extremes, or, beyond ``limit`` of them, each dimension's extremes with the others
+        at their first."""
+        dims = [
+            (section, name, dim)
+            for section in ("model", "per_head", "optimizer")
+            for name, dim in getattr(self, section).items()
+        ]
+        edges = [dim.extremes() for _, _, dim in dims]
+        combos: list[tuple[tuple[str, Any], ...]]
+        if math.prod(len(e) for e in edges) <= limit:
+            combos = list(itertools.product(*edges))
+        else:
+            first = tuple(e[0] for e in edges)
+            combos = [first] + [
+                (*first[:i], edge, *first[i + 1 :]) for i, e in enumerate(edges) for edge in e[1:]
+            ]
+        out = []
+        for combo in combos:
+            sample: dict[str, dict[str, Any]] = {"model": {}, "per_head": {}, "optimizer": {}}
+            taken = {}
+            for (section, name, _), (which, value) in zip(dims, combo, strict=True):
+                sample[section][name] = value
+                taken[f"{section}.{name}"] = which
+            out.append(({k: v for k, v in sample.items() if v}, taken))
+        return out
 
     @model_validator(mode="after")
     def _fields(self) -> SearchSpace:
@@ -112,3 +157,44 @@ class TuneParams(Section):
                     "the same model and corpus under train.runs)"
                 )
         return self
+
+
+def sampled_model(sampled: dict[str, Any]) -> dict[str, Any]:
+    """The model config fields of a sampled trial: ``model`` as sampled, and each
+    ``per_head`` size times the sampled ``n_heads`` (``SearchSpace``)."""
+    model = dict(sampled.get("model", {}))
+    heads = model.get("n_heads")
+    for name, per_head in sampled.get("per_head", {}).items():
+        model[name] = int(per_head) * int(heads)
+    return model
+
+
+def tuned_knobs(base: RunParams, config: dict[str, Any], optimizer: dict[str, Any]) -> RunParams:
+    """``base`` with a trial's (or the tune record's) model config fields and optimizer
+    values: what a tuned run trains with."""
+    return base.model_copy(
+        update={
+            "model": {**base.model, **config},
+            "optimizer": base.optimizer.model_validate(
+                {**base.optimizer.model_dump(), **optimizer}
+            ),
+        }
+    )
+
+
+def trial_params(base: RunParams, tune_params: TuneParams, sampled: dict[str, Any]) -> RunParams:
+    """``base`` with the sampled values, ``epochs_per_trial`` epochs, one evaluation and
+    one report per epoch (ASHA's unit of time), no early stopping (ASHA decides) and no
+    parameter averaging (it belongs to the last epochs of a whole run)."""
+    tuned = tuned_knobs(base, sampled_model(sampled), sampled.get("optimizer", {}))
+    return base.model_validate(
+        {
+            **tuned.model_dump(),
+            "epochs": tune_params.epochs_per_trial,
+            "eval_every": None,
+            "checkpoint_every": None,
+            "patience": None,
+            "max_steps": None,
+            "averaging": {"kind": "none"},
+        }
+    )

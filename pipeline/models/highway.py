@@ -58,6 +58,10 @@ class HighwayRecurrentTransformer(RankingModel):
 
     config: HRTConfig
     supports_compile: ClassVar[bool] = False
+    eager_reason: ClassVar[str] = (
+        "its recurrence runs once per utterance of the batch's longest context, a count read "
+        "from the batch's values: a graph break, and a recompile, at every step"
+    )
 
     def __init__(self, config: HRTConfig) -> None:
         super().__init__()

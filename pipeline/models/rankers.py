@@ -97,6 +97,9 @@ class _LSTMRanker(RankingModel):
 
     config: LSTMRankerConfig
     supports_compile: ClassVar[bool] = False  # LSTMs (``recurrent``, "Compiling")
+    eager_reason: ClassVar[str] = (
+        "it runs nn.LSTM, which torch.compile does not trace (pipeline/models/recurrent.py)"
+    )
 
     def __init__(self, config: LSTMRankerConfig) -> None:
         super().__init__()

@@ -107,6 +107,10 @@ class S2SA(Seq2SeqModel):
     """GRU sequence-to-sequence model with multi-head attention over the flat history."""
 
     supports_compile: ClassVar[bool] = False  # GRUs (``recurrent``, "Compiling")
+    eager_reason: ClassVar[str] = (
+        "it runs nn.GRU, which torch.compile does not trace, on packed sequences whose "
+        "lengths are read on the host (pipeline/models/recurrent.py)"
+    )
 
     def __init__(self, config: S2SAConfig) -> None:
         super().__init__()
@@ -161,6 +165,10 @@ class HRED(Seq2SeqModel):
 
     config: HREDConfig
     supports_compile: ClassVar[bool] = False  # GRUs (``recurrent``, "Compiling")
+    eager_reason: ClassVar[str] = (
+        "it runs nn.GRU, which torch.compile does not trace, on packed sequences whose "
+        "lengths are read on the host (pipeline/models/recurrent.py)"
+    )
 
     def __init__(self, config: HREDConfig) -> None:
         super().__init__()

@@ -7,31 +7,52 @@ corpora, so it lives above them, and ``pipeline.config`` stays a leaf.
   ``evaluate.models.<m>``, the ``model`` of every run) are registered models;
 - a run's corpus is in ``corpora:`` (so ``dvc repro`` tokenizes it) and has a
   ``tokenize.corpora`` entry; the model's task is one of the corpus's ``tasks``;
-- model config overrides (``train.defaults.model``, ``train.models.<m>.model``,
-  ``train.runs.<r>.overrides.model``) validate with the model's config class;
-- every run's global ``batch_size`` divides by ``train.scale.num_workers``;
+- every run is checked as it will train, ``train.runs`` and ``tune.runs`` alike: its
+  merged knobs (``train.defaults`` < ``train.models.<m>`` < its overrides) and model
+  config, and for a tuned run its trials and its training from the best trial, at every
+  extreme of its search space (``SearchSpace.corners``). The model config validates with
+  the model's config class (a ``train.models.<m>`` entry alone only when no run merges
+  it); the knobs keep the rules between them (``config.run_rules``: averaging against
+  epochs, warm-up and max_steps; the schedule's keys against its kind; ``min_lr`` against
+  ``lr``); ``compile: on`` names a model that can compile;
+- every run's global ``batch_size`` divides by ``train.scale.num_workers``, and its
+  ``batch_tokens`` gives each worker at least a token;
 - ``select_by: multiwoz_score`` only for generate models on a task-oriented corpus;
 - ``tune.spaces.<m>.model`` searches fields of that config; a tuned run has no
   ``overrides`` (which only train runs read: they would be silently ignored).
 - ``word_vectors`` (``train.defaults``, ``train.models.<m>``, run overrides) names a file.
 
-Every error is a ``ConfigError`` naming the dotted key and what to do; the ``check`` stage
+Every error is a ``ConfigError`` naming the dotted key and what to do (a run's merged knob:
+the run, and each level that contributed); the ``check`` stage
 (the first of ``dvc repro``) and every stage script fail on the same mistakes before any
 work.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import DataSizes
-from pipeline.config import Params, RunTarget, Selection, load_params, parse_params, run_key
+from pipeline.config import (
+    CompileMode,
+    Params,
+    RunTarget,
+    Selection,
+    load_params,
+    parse_params,
+    run_key,
+    sampled_model,
+)
 from pipeline.config.validation import did_you_mean
 from pipeline.data.corpora import CorpusSpec, corpus_spec
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.names import Task
+from pipeline.plan.knobs import check_knobs, runs_of
 
 # Stand in for the data's sizes before the data exists (a model not run on any corpus, or
 # a corpus not tokenized yet): no config validator reads them, they only have to be valid.
@@ -86,9 +107,11 @@ def check_params(params: Params) -> None:
                 f"{name} is a {task} model; decodings apply to generate models only: "
                 "remove this entry",
             )
+    _check_spaces(params)
     _check_model_overrides(params)
     _check_batches(params)
-    _check_spaces(params)
+    check_knobs(params)
+    _check_compile(params)
     _check_download_skip(params)
     _check_word_vectors(params)
 
@@ -184,7 +207,7 @@ def _check_selection(params: Params, target: RunTarget, task: Task) -> None:
         return
     key = run_key(model, corpus, target.variant)
     raise ConfigError(
-        _source_of(params, key, target, "select_by"),
+        train.source(key, model, "select_by"),
         f"multiwoz_score scores MultiWOZ responses, but run {key} is a "
         f"{task} model on {corpus}: select it by valid_loss (set it per run under "
         "train.runs.<run>.overrides)",
@@ -192,31 +215,74 @@ def _check_selection(params: Params, target: RunTarget, task: Task) -> None:
 
 
 def _check_model_overrides(params: Params) -> None:
-    """Every model's merged config overrides validate with its config class, for each
-    run (at the run's corpus' sizes) and for each ``train.models`` entry."""
+    """Every run's merged model config validates with its config class, at the run's
+    corpus' sizes (a tuned run's at every corner of its search space); a
+    ``train.models`` entry that no run merges validates on its own."""
     train = params.train
-    for key, target in [*train.runs.items(), *params.tune.runs.items()]:
-        own = train.runs[key].overrides.model if key in train.runs else {}
-        sources = [
-            (f"train.runs.{key}.overrides.model", own),
-            (f"train.models.{target.model}.model", _model_overrides(params, target.model)),
-            ("train.defaults.model", train.defaults.model),
-        ]
+    merged_by_a_run = set()
+    for where, key, target in runs_of(params):
+        merged_by_a_run.add(target.model)
         sizes = _planned_sizes(params, target.corpus)
         try:
             registry.data_values(target.model, sizes)
         except ConfigError as err:
-            runs = "train.runs" if key in train.runs else "tune.runs"
-            raise ConfigError(f"{runs}.{key}.corpus", err.reason) from None
-        merged = train.run(target.model, target.corpus, target.variant).model
-        _validate_config(target.model, sizes, merged, sources)
+            raise ConfigError(f"{where}.corpus", err.reason) from None
+        for config, sources, label in _run_configs(params, key, target):
+            _validate_config(target.model, sizes, config, sources, label)
     for name in train.models:
+        if name in merged_by_a_run:
+            continue
         merged = {**train.defaults.model, **train.models[name].model}
         sources = [
-            (f"train.models.{name}.model", train.models[name].model),
-            ("train.defaults.model", train.defaults.model),
+            _Source(f"train.models.{name}.model", train.models[name].model),
+            _Source("train.defaults.model", train.defaults.model),
         ]
         _validate_config(name, DataSizes(_ANY_VOCAB, _ANY_ACTS), merged, sources)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A level of model config overrides: its dotted key, the fields it sets, and what a
+    message adds to each (a search's extreme: ``" (the search's low)"``)."""
+
+    key: str
+    values: dict[str, Any]
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def names(self, name: str) -> str:
+        return f"{self.key}.{name} = {self.values[name]!r}{self.notes.get(name, '')}"
+
+
+def _run_configs(
+    params: Params, key: str, target: RunTarget
+) -> Iterator[tuple[dict[str, Any], list[_Source], str]]:
+    """The model config overrides run ``key`` trains with (a tuned run's at each corner
+    of its search space), each with its levels, most specific first, and a label."""
+    train, model = params.train, target.model
+    own = train.runs[key].overrides.model if key in train.runs else {}
+    sources = [
+        _Source(f"train.runs.{key}.overrides.model", own),
+        _Source(f"train.models.{model}.model", _model_overrides(params, model)),
+        _Source("train.defaults.model", train.defaults.model),
+    ]
+    merged = train.run(model, target.corpus, target.variant).model
+    if key not in params.tune.runs:
+        yield merged, sources, f"run {key}"
+        return
+    for sample, taken in params.tune.spaces[model].corners():
+        config = sampled_model(sample)
+        searched = _Source(
+            f"tune.spaces.{model}.model",
+            {k: v for k, v in config.items() if k not in sample.get("per_head", {})},
+            {k: f" (the search's {taken[f'model.{k}']})" for k in sample.get("model", {})},
+        )
+        heads = sample.get("per_head", {})
+        per_head = _Source(
+            f"tune.spaces.{model}.per_head",
+            {k: config[k] for k in heads},
+            {k: f" (the search's {taken[f'per_head.{k}']} x n_heads)" for k in heads},
+        )
+        yield {**merged, **config}, [searched, per_head, *sources], f"tuned run {key}"
 
 
 def _planned_sizes(params: Params, corpus: str) -> DataSizes:
@@ -233,24 +299,44 @@ def _model_overrides(params: Params, model: str) -> dict[str, Any]:
 
 
 def _validate_config(
-    model: str, sizes: DataSizes, overrides: dict[str, Any], sources: list[tuple[str, dict]]
+    model: str,
+    sizes: DataSizes,
+    overrides: dict[str, Any],
+    sources: list[_Source],
+    run: str = "",
 ) -> None:
     """``registry.make_config`` of ``overrides``; a failure names the most specific of
-    ``sources`` (``(dotted key, overrides set there)``, most specific first) that sets the
-    offending field (the first source when none does: a cross-field rule)."""
+    ``sources`` (most specific first) that sets the offending field (the first source
+    when none does: a cross-field rule), ``run`` and each level that sets another field
+    the reason names (a rule between fields: flex and the dropout in effect)."""
     try:
         registry.make_config(model, sizes, **overrides)
     except ConfigError as err:
-        field = err.key.removeprefix(f"{model}.")
-        where = next((key for key, values in sources if field in values), sources[0][0])
+        field_name = err.key.removeprefix(f"{model}.")
+        where = next((s.key for s in sources if field_name in s.values), sources[0].key)
         reason = err.reason
         if reason.startswith("unknown key"):
             fields = _config_fields(model)
             reason = (
-                f"{model}'s config has no field {field!r}; {did_you_mean(field, fields)}"
-                f"fields: {', '.join(fields)}"
+                f"{model}'s config has no field {field_name!r}; "
+                f"{did_you_mean(field_name, fields)}fields: {', '.join(fields)}"
             )
-        raise ConfigError(f"{where}.{field}", reason) from None
+        else:
+            also = [
+                next(s for s in sources if other in s.values).names(other)
+                for other in _config_fields(model)
+                if other != field_name
+                and re.search(rf"\b{other}\b", reason)
+                and any(other in s.values for s in sources)
+            ]
+            given = next((s for s in sources if field_name in s.values), None)
+            if given is not None and given.notes.get(field_name):
+                also.insert(0, given.names(field_name))
+            if also:
+                reason = f"{reason} (with {'; '.join(also)})"
+        if run:
+            reason = f"{run}: {reason}"
+        raise ConfigError(f"{where}.{field_name}", reason) from None
 
 
 def _config_fields(model: str) -> list[str]:
@@ -276,29 +362,66 @@ def _check_spaces(params: Params) -> None:
 
 def _check_batches(params: Params) -> None:
     """Every run's global ``batch_size`` splits evenly over the workers (each takes
-    ``batch_size / num_workers`` examples a step): found here, not when a tune trial or
-    a training starts."""
+    ``batch_size / num_workers`` examples a step), and its ``batch_tokens`` leaves each
+    worker at least a token (each plans its batches within ``batch_tokens //
+    num_workers``): found here, not when a tune trial or a training starts."""
     workers = params.train.scale.num_workers
     if workers <= 1:
         return
-    for key, target in [*params.train.runs.items(), *params.tune.runs.items()]:
+    for _, key, target in runs_of(params):
         knobs = params.train.run(target.model, target.corpus, target.variant)
         if knobs.batch_size % workers:
-            source = _source_of(params, key, target, "batch_size")
             raise ConfigError(
-                source,
+                params.train.source(key, target.model, "batch_size"),
                 f"{knobs.batch_size} is the global batch of run {key} (all workers "
                 f"together) and must divide by train.scale.num_workers={workers}: make it "
                 f"{(knobs.batch_size // workers + 1) * workers}, or change num_workers",
             )
+        if knobs.batch_tokens is not None and knobs.batch_tokens < workers:
+            raise ConfigError(
+                params.train.source(key, target.model, "batch_tokens"),
+                f"{knobs.batch_tokens} is the global token budget of run {key} (all workers "
+                f"together), split over train.scale.num_workers={workers}: each worker "
+                f"would plan its batches within {knobs.batch_tokens // workers} tokens. Make "
+                "it a multiple of the workers large enough for several of the longest "
+                "examples on each (16384 on a GPU), or leave it out to batch by batch_size",
+            )
 
 
-def _source_of(params: Params, key: str, target: RunTarget, knob: str) -> str:
-    """The most specific params key that sets ``knob`` for run ``key``."""
-    run = params.train.runs.get(key)
-    if run is not None and knob in run.overrides.model_fields_set:
-        return f"train.runs.{key}.overrides.{knob}"
-    models = params.train.models
-    if target.model in models and knob in models[target.model].model_fields_set:
-        return f"train.models.{target.model}.{knob}"
-    return f"train.defaults.{knob}"
+def _check_compile(params: Params) -> None:
+    """``compile: on`` (or ``reduce-overhead``) only for a model that compiles whole
+    (``supports_compile``; ``auto`` leaves the others eager): the others break the
+    compiled graph at every step and recompile as shapes change (hrt_last took minutes a
+    step)."""
+    for _, key, target in runs_of(params):
+        knobs = params.train.run(target.model, target.corpus, target.variant)
+        if knobs.compile in (CompileMode.AUTO, CompileMode.OFF):
+            continue
+        why = _why_eager(params, key, target)
+        if why is None:
+            continue
+        raise ConfigError(
+            params.train.source(key, target.model, "compile"),
+            f"run {key}: {target.model} cannot be compiled whole (compile: "
+            f"{knobs.compile.value}): {why}. Set compile: auto (it trains this model eagerly "
+            "and compiles the others on CUDA) or off, for this model under "
+            f"train.models.{target.model}.compile",
+        )
+
+
+def _why_eager(params: Params, key: str, target: RunTarget) -> str | None:
+    """Why the model of run ``key`` does not compile whole (its class's
+    ``supports_compile = False`` and ``eager_reason``), or None where it does."""
+    builder = registry.spec(target.model).builder
+    if isinstance(builder, type):  # the model's class says it
+        cls = builder
+    else:  # a wrapper (ensemble, with_none): its members decide, so it is built to see them
+        config, _, _ = next(_run_configs(params, key, target))
+        model = registry.build(target.model, _planned_sizes(params, target.corpus), **config)
+        cls = next(
+            (type(m) for m in model.modules() if getattr(type(m), "supports_compile", 1) is False),
+            type(model),
+        )
+    if getattr(cls, "supports_compile", True) is not False:
+        return None
+    return getattr(cls, "eager_reason", f"{cls.__name__} sets supports_compile = False")

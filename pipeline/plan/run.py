@@ -45,8 +45,10 @@ from pipeline.config import (
     SearchSpace,
     TrackingParams,
     TuneParams,
+    knob_sources,
     merge_params,
     parse_run_key,
+    tuned_knobs,
 )
 from pipeline.data.resample import draws_key
 from pipeline.errors import ConfigError
@@ -89,6 +91,7 @@ class RunRequest(_Frozen):
     corpus_params: CorpusParams
     placement: PlacementParams
     tracking: TrackingParams
+    sources: dict[str, str] = {}  # knob (dotted) -> the params key that sets it, for errors
 
     @classmethod
     def of(cls, params: Params, key: str, search: bool = False) -> RunRequest:
@@ -107,6 +110,12 @@ class RunRequest(_Frozen):
             knobs = merge_params(knobs, models[model])
         if not tuned:
             knobs = merge_params(knobs, target.overrides)
+        sources = knob_sources(train, key, model)
+        if tuned:  # the search chooses these
+            sources |= {
+                f"optimizer.{k}": f"tune.spaces.{model}.optimizer.{k}"
+                for k in tune.spaces[model].optimizer
+            }
         return cls(
             key=key,
             model=model,
@@ -122,6 +131,7 @@ class RunRequest(_Frozen):
             corpus_params=params.tokenize.corpora[corpus],
             placement=train.placement,
             tracking=params.tracking,
+            sources=sources,
         )
 
 
@@ -177,6 +187,7 @@ class RunPlan(_Frozen):
     space: SearchSpace | None = None
     search: TuneParams | None = None
     seed_index: int = 0
+    sources: dict[str, str] = {}  # knob -> the params key that sets it (errors; no identity)
 
     @property
     def layout(self) -> Layout:
@@ -262,14 +273,7 @@ def plan_training(request: RunRequest, root: str | Path) -> RunPlan:
     knobs, tuned_from = request.knobs, None
     if request.tuned:
         tuned_from = TuneRecord.read(layout.tune_out(request.key) / BEST_FILE)
-        knobs = knobs.model_copy(
-            update={
-                "model": {**knobs.model, **tuned_from.config},
-                "optimizer": knobs.optimizer.model_validate(
-                    {**knobs.optimizer.model_dump(), **tuned_from.optimizer}
-                ),
-            }
-        )
+        knobs = tuned_knobs(knobs, tuned_from.config, tuned_from.optimizer)
     return _plan("train", request, layout, knobs, tuned_from)
 
 
@@ -318,6 +322,7 @@ def _plan(
         tuned_from=tuned_from,
         space=request.space,
         search=request.search,
+        sources=request.sources,
     )
 
 

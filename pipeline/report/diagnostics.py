@@ -1,8 +1,9 @@
 """Results that are numbers but say something went wrong, named in words beside them.
 
 A table of numbers does not tell a reader that a model answers every history with the same
-sentence, that a ranker does no better than drawing candidates at random, or that the
-weights evaluated are those of the first validation (training made no later improvement).
+sentence, that a ranker does no better than drawing candidates at random, that the
+weights evaluated are those of the first validation (training made no later improvement),
+or that a run configured to average its weights stopped before averaging began.
 Each rule below is a :class:`Flag` on a run, with the rule's threshold stated in its text;
 the report prints every flag in the overview (the ``Flags`` column), in a ``Diagnostics``
 section with the rules, and under every table holding the numbers it is about.
@@ -41,6 +42,7 @@ is 1, is no test)."""
 COLLAPSED = "collapsed"
 AT_CHANCE = "at or below chance"
 FIRST_VALIDATION = "first-validation weights"
+NEVER_AVERAGED = "averaging never began"
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,28 @@ def first_validation_flags(run: RunResult, first_steps: Mapping[int, int]) -> li
     ]
 
 
+def never_averaged_flags(run: RunResult) -> list[Flag]:
+    """A flag when a seed configured to average its weights (``train.averaging``) stopped
+    before its first averaged step (its train record's ``averaged_steps`` is 0)."""
+    seeds = [t for t in run.trained if t.averaging_never_began]
+    if not seeds:
+        return []
+    which = "; ".join(
+        f"{'' if len(run.trained) == 1 else f'seed {t.seed}: '}stopped by "
+        f"{(t.stop_reason or 'its end').replace('_', ' ')} at step {t.metric('steps'):.0f}"
+        for t in seeds
+    )
+    return [
+        Flag(
+            run.key,
+            NEVER_AVERAGED,
+            f"averaging never began ({which}): the run was configured to average its "
+            "weights over its last epochs and stopped before them, so its numbers are of "
+            "its live weights (rule: averaging configured, no step averaged)",
+        )
+    ]
+
+
 def diagnose(
     runs: Iterable[RunResult],
     references: Iterable[Reference] = (),
@@ -183,6 +207,7 @@ def diagnose(
         flags += collapse_flags(run)
         flags += chance_flags(run, references)
         flags += first_validation_flags(run, (first_steps or {}).get(run.key, {}))
+        flags += never_averaged_flags(run)
     return flags
 
 
@@ -212,6 +237,8 @@ def rules_markdown() -> str:
             "value for the same metric (a random ranking of the same number of candidates).",
             f"- **{FIRST_VALIDATION}**: the step whose weights were kept (best validation) "
             "is the first validation's: training never improved on it after that.",
+            f"- **{NEVER_AVERAGED}**: the run was configured to average its weights "
+            "(`train.averaging`) and stopped (patience) before its first averaged step.",
         ]
     )
 

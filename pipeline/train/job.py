@@ -177,4 +177,5 @@ def train_job(
         label=plan.label,
         validation_score=validation_score(plan),
         restart=plan.restart,
+        knob_sources=plan.sources,
     )

@@ -61,11 +61,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import Precision, RunParams
+from pipeline.config import RunParams
 from pipeline.data.batch import Batch
 from pipeline.errors import TrainingDiverged
 from pipeline.eval.collect import LargestBatch, batch_limit, first_eval_batch
 from pipeline.eval.perplexity import perplexity_of
+from pipeline.execution import autocast_dtype
 from pipeline.models.base import LossOutput
 from pipeline.names import Task
 from pipeline.progress import Mode, Reporter
@@ -84,6 +85,7 @@ from pipeline.train.context import (
     WorkerContext,
 )
 from pipeline.train.optim import make_optimizer, make_scheduler
+from pipeline.train.run_checks import planned_step_notes
 from pipeline.train.seed import rng_state, seed_everything, set_rng_state
 from pipeline.train.steps import (
     PAD_MULTIPLE,
@@ -110,7 +112,8 @@ class TrainJob:
     ``torch.cuda.set_sync_debug_mode`` around the part of every step that must not wait
     for the device, from a process's second step on (the first compiles and allocates).
     ``compile_backend``: ``torch.compile``'s, when the step is compiled (tests and CPU
-    smoke checks take the cheaper ``aot_eager``).
+    smoke checks take the cheaper ``aot_eager``). ``knob_sources``: the params key that
+    sets each knob (``RunPlan.sources``), named by the checks before the first step.
     """
 
     name: str
@@ -126,6 +129,7 @@ class TrainJob:
     restart: str = ""
     sync_debug: str | None = None
     compile_backend: str = "inductor"
+    knob_sources: dict[str, str] = field(default_factory=dict)  # knob -> its params key
 
 
 @dataclass
@@ -142,13 +146,6 @@ class EvalResult:
 
 
 # --------------------------------------------------------------------------- the loop
-
-
-def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
-    """bf16 on GPU under ``auto``; ``None`` = no autocast (fp32)."""
-    if precision == Precision.BF16 or (precision == Precision.AUTO and device.type == "cuda"):
-        return torch.bfloat16
-    return None
 
 
 class _Run:
@@ -481,6 +478,10 @@ class _Run:
             show=self.job.show_progress and self.ctx.rank == 0,
         )
         with self.bar:
+            # the rules that need the step count: a refusal before the first step, or notes
+            batches, sources = len(self.train_data), self.job.knob_sources
+            for note in planned_step_notes(self.p, batches, sources, self.bar.label):
+                self.bar.note(note)
             if state is not None:  # a resumed stage, or Ray Train restarting a lost worker group
                 self.bar.note(f"resumed from the checkpoint of step {prog.step}")
             while not prog.finished:

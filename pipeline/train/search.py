@@ -19,7 +19,14 @@ import torch
 
 from pipeline.artifacts import TuneRecord
 from pipeline.cluster import use_gpu
-from pipeline.config import RunParams, SearchDim, SearchKind, SearchSpace, TuneParams
+from pipeline.config import (
+    SearchDim,
+    SearchKind,
+    SearchSpace,
+    TuneParams,
+    sampled_model,
+    trial_params,
+)
 from pipeline.errors import ConfigError
 from pipeline.plan import RunPlan
 from pipeline.tracking import TAG_TRIAL, NullTracker, RunRef, Tracker
@@ -61,38 +68,6 @@ def param_space(space: SearchSpace) -> dict[str, dict[str, Any]]:
     if space.per_head:
         out["per_head"] = {k: _dimension(d) for k, d in space.per_head.items()}
     return out
-
-
-def sampled_model(sampled: dict[str, Any]) -> dict[str, Any]:
-    """The model config fields of a sampled trial: ``model`` as sampled, and each
-    ``per_head`` size times the sampled ``n_heads`` (``SearchSpace``)."""
-    model = dict(sampled.get("model", {}))
-    heads = model.get("n_heads")
-    for name, per_head in sampled.get("per_head", {}).items():
-        model[name] = int(per_head) * int(heads)
-    return model
-
-
-def trial_params(base: RunParams, tune_params: TuneParams, sampled: dict[str, Any]) -> RunParams:
-    """``base`` with the sampled values, ``epochs_per_trial`` epochs, one evaluation and
-    one report per epoch (ASHA's unit of time), no early stopping (ASHA decides) and no
-    parameter averaging (it belongs to the last epochs of a whole run)."""
-    optimizer = base.optimizer.model_validate(
-        {**base.optimizer.model_dump(), **sampled.get("optimizer", {})}
-    )
-    return base.model_validate(
-        {
-            **base.model_dump(),
-            "optimizer": optimizer.model_dump(),
-            "model": {**base.model, **sampled_model(sampled)},
-            "epochs": tune_params.epochs_per_trial,
-            "eval_every": None,
-            "checkpoint_every": None,
-            "patience": None,
-            "max_steps": None,
-            "averaging": {"kind": "none"},
-        }
-    )
 
 
 # --------------------------------------------------------------------------- trials

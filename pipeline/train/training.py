@@ -22,7 +22,7 @@ import torch
 from pipeline import machine
 from pipeline.artifacts import MANIFEST_FILE, WALL_SECONDS, TrainedSeed, TrainRecord
 from pipeline.cluster import ray_cluster
-from pipeline.config import Selection
+from pipeline.config import AveragingKind, Selection
 from pipeline.data.loader import load_vocab
 from pipeline.errors import ConfigError, DataError
 from pipeline.gpu_share import gpu_lease
@@ -33,6 +33,7 @@ from pipeline.models.word_vectors import (
     token_embeddings,
 )
 from pipeline.plan import RunIdentity, RunPlan, RunRequest, plan_training
+from pipeline.train.checkpoint import TrainingState
 from pipeline.train.distributed import fit, resume_step
 from pipeline.train.job import RegistryModel, train_job
 from pipeline.train.tracked import check_reachable, start_tracker, track_final
@@ -120,7 +121,7 @@ def train_plan(plan: RunPlan, show_progress: bool = True) -> TrainedSeed:
         raise
     layout = plan.layout
     local = "://" not in result.checkpoint
-    return TrainedSeed(
+    seed = TrainedSeed(
         seed=plan.knobs.seed,
         run_name=plan.name,
         checkpoint=layout.relative(plan.model_file),
@@ -128,6 +129,31 @@ def train_plan(plan: RunPlan, show_progress: bool = True) -> TrainedSeed:
         metrics=result.metrics,
         tuned_from=plan.tuned_from,
         mlflow=mlflow,
+        stop_reason=result.state.position.stop_reason or None,
+        averaged_steps=averaged_steps(plan, result.state),
+    )
+    if seed.averaging_never_began:
+        print(f"{plan.label}: {never_averaged(plan, seed)}", file=sys.stderr, flush=True)
+    return seed
+
+
+def averaged_steps(plan: RunPlan, state: TrainingState) -> int | None:
+    """The steps the run's weight average covers; None without averaging."""
+    if plan.knobs.averaging.kind == AveragingKind.NONE:
+        return None
+    return state.average_count if state.average is not None else 0
+
+
+def never_averaged(plan: RunPlan, seed: TrainedSeed) -> str:
+    """What the stage says of a seed whose averaging never began."""
+    knobs = plan.knobs
+    stop = (seed.stop_reason or "").replace("_", " ")
+    n = knobs.averaging.epochs
+    last = "the last epoch" if n == 1 else f"the last {n} epochs"
+    return (
+        f"averaging never began: the run stopped ({stop}) at step {seed.metric('steps'):.0f}, "
+        f"before averaging ({last} of {knobs.epochs}); it keeps its live weights (patience "
+        f"{knobs.patience}: null always reaches averaging)"
     )
 
 

@@ -14,8 +14,10 @@ from pathlib import Path
 from pipeline import tracking
 from pipeline.artifacts import BEST_FILE, TuneRecord
 from pipeline.cluster import ray_cluster
-from pipeline.plan import RunRequest, plan_search
+from pipeline.config import trial_params
+from pipeline.plan import RunPlan, RunRequest, plan_search
 from pipeline.train.job import ConfiguredModel, shard_data, validation_score
+from pipeline.train.run_checks import planned_step_notes
 from pipeline.train.search import TrialSetup, search, search_exists
 from pipeline.train.tracked import check_reachable, start_tracker
 
@@ -25,6 +27,7 @@ def tune_run(request: RunRequest, root: str | Path = ".", show_progress: bool = 
     best trial's record (``data/tune/<key>/best.json``)."""
     plan = plan_search(request, root)
     assert plan.search is not None and plan.space is not None
+    check_trials(plan)
     parent = start_tracker(plan, search_exists(plan.name, plan.storage))
     try:
         parent.log_params(
@@ -66,3 +69,13 @@ def tune_run(request: RunRequest, root: str | Path = ".", show_progress: bool = 
         raise
     best.write(plan.layout.tune_out(plan.key) / BEST_FILE)
     return best
+
+
+def check_trials(plan: RunPlan) -> None:
+    """The rules that need the step count (``run_checks``) for the search's trials, at the
+    corpus' real batches an epoch, before Ray starts: else every trial would refuse."""
+    assert plan.search is not None
+    knobs = trial_params(plan.knobs, plan.search, {})  # no rule reads a sampled value
+    train, _ = shard_data(plan, knobs)(0, max(plan.workers, 1))
+    sources = {**plan.sources, "epochs": "tune.epochs_per_trial"}
+    planned_step_notes(knobs, len(train), sources, f"the trials of tuned run {plan.key}")

@@ -1,9 +1,11 @@
 """Degenerate results are named in words: a collapsed decoding, a ranker at or below
-chance, weights kept from the first validation; each only where its rule holds."""
+chance, weights kept from the first validation, averaging that never began; each only
+where its rule holds."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from pipeline.artifacts import ExampleResult, TrainedSeed
 from pipeline.names import Task
@@ -13,6 +15,7 @@ from pipeline.report.diagnostics import (
     COLLAPSE_MIN_DISTINCT_2,
     COLLAPSE_TOP_SHARE,
     FIRST_VALIDATION,
+    NEVER_AVERAGED,
     annotate,
     diagnose,
 )
@@ -132,6 +135,21 @@ def test_weights_of_the_first_validation_are_named():
     assert diagnose([run], [CHANCE], {}) == []
 
 
+def test_a_run_whose_averaging_never_began_is_named():
+    """Patience stopped a run configured to average before its averaging epochs: its
+    train record says so (``averaged_steps`` 0), and so does the report."""
+    run = generate_run(["a", "b", "c"])
+    stopped = run.trained[0].model_copy(
+        update={"averaged_steps": 0, "stop_reason": "early_stopping"}
+    )
+    (flag,) = diagnose([replace(run, trained=(stopped,))])
+    assert flag.name == NEVER_AVERAGED and flag.metrics is None
+    assert "averaging never began (stopped by early stopping at step 600)" in flag.text
+    averaged = stopped.model_copy(update={"averaged_steps": 40, "stop_reason": "epochs"})
+    assert diagnose([replace(run, trained=(averaged,))]) == []
+    assert diagnose([run]) == []  # no averaging configured (averaged_steps None)
+
+
 def test_flags_sit_beside_the_numbers_they_are_about(tmp_path):
     generate = generate_run(["i don't know"] * 4)
     ranker = select_run({"recall_at_10": 0.05}, model="transformer_ranker")
@@ -154,6 +172,7 @@ def test_the_rules_print_their_thresholds():
     assert f"more than {COLLAPSE_TOP_SHARE:.0%}" in text
     assert f"below {COLLAPSE_MIN_DISTINCT_2:g}" in text
     assert "chance row" in text and "first validation" in text
+    assert "averaging never began" in text
     assert diagnostics.flags_markdown([]) == "No run is flagged."
 
 
