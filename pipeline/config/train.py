@@ -223,6 +223,17 @@ class RunParams(Section):
             return CompileMode.ON if value else CompileMode.OFF
         return value
 
+    @property
+    def validation_batch_size(self) -> int:
+        """Validation examples a batch (global): ``eval_batch_size``, else ``batch_size``."""
+        return self.eval_batch_size or self.batch_size
+
+    @property
+    def validation_limit(self) -> int | None:
+        """Validation batches an evaluation reads: ``max_eval_batches``, else
+        ``max_batches_per_epoch``; None = the whole split."""
+        return self.max_eval_batches or self.max_batches_per_epoch
+
 
 def knob_names(section: type[Section], prefix: str = "") -> list[str]:
     """The dotted names of every leaf field of ``section`` (``schedule.min_lr``), mappings
