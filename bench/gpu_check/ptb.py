@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import Layout
-from pipeline.config import Params
+from pipeline.config import AveragingKind, Params, RunParams
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
 from pipeline.plan import RunPlan, RunRequest, load_checked, plan_training
@@ -73,7 +73,7 @@ class PTB:
         """Run ``key`` of the profile with ``knobs`` changed, one seed, in-process."""
         request = self.request(key)
         base = request.knobs
-        update: dict[str, Any] = {"seeds": 1, **knobs}
+        update: dict[str, Any] = {"seeds": 1, **knobs, **cut_short(base, knobs)}
         if self.smoke:
             fields = registry.spec(request.model).config_cls.model_fields
             toy = {k: v for k, v in TOY_MODEL.items() if k in fields}
@@ -110,3 +110,24 @@ def knobs_line(plan: RunPlan) -> str:
         f"batch_size {k.batch_size}, batch_tokens {k.batch_tokens}, compile {k.compile}, "
         f"precision {k.precision}"
     )
+
+
+def cut_short(base: RunParams, knobs: dict[str, Any]) -> dict[str, Any]:
+    """What else changes in a profile's run that a part cuts short, so that it keeps the
+    rules the train stage checks before its first step (``config.run_rules``), without
+    changing what a step costs: the warm-up scaled with the run (a tenth of ``max_steps``;
+    the profile's share of its epochs, as ``bench_lm_recipe`` scales it), and no averaging
+    where ``max_steps`` ends the run (the throughput part's: its million epochs would
+    average only after it)."""
+    schedule, warmup = base.schedule, base.schedule.warmup_steps
+    if knobs.get("max_steps") is not None:
+        averaging = base.averaging.model_copy(update={"kind": AveragingKind.NONE})
+        steps = max(1, min(warmup, knobs["max_steps"] // 10))
+        return {
+            "schedule": schedule.model_copy(update={"warmup_steps": steps}),
+            "averaging": averaging,
+        }
+    if "epochs" in knobs:
+        steps = max(1, round(warmup * knobs["epochs"] / base.epochs))
+        return {"schedule": schedule.model_copy(update={"warmup_steps": steps})}
+    return {}
