@@ -495,3 +495,29 @@ def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:
 def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, float]:
     """Run ``job`` in this process (``train.scale.num_workers: 0``)."""
     return train_worker(job, LocalContext(Path(job.run_dir) / job.name, device, job.restart))
+
+
+@dataclass(frozen=True)
+class LoopStep:
+    """The loop's own optimizer step of a job, for benchmarks that time it beside other
+    code (``bench/steps.py``): ``model``, the plain model the step trains; ``prepare``, a
+    batch as the loop hands it to its steps (on the device, padded where the step is
+    compiled); ``step``, one step on a prepared batch, as the loop takes it (the run's
+    autocast and compiled module, token weighting, backward, clipping, the optimizer, the
+    schedule, the logging at ``log_every``)."""
+
+    model: nn.Module
+    prepare: Callable[[Batch], Batch]
+    step: Callable[[Batch], None]
+
+
+def loop_step(job: TrainJob, device: torch.device | None = None) -> LoopStep:
+    """``job``'s model and its training step in this process, built as :func:`train_local`
+    builds them (no checkpoint is read or written)."""
+    run = _Run(job, LocalContext(Path(job.run_dir) / job.name, device, job.restart))
+    pad_to = run.data_options.pad_to
+
+    def prepare(batch: Batch) -> Batch:
+        return batch.padded(lambda n: -(-n // pad_to) * pad_to).to(run.ctx.device)
+
+    return LoopStep(run.raw, prepare, run.train_step)
