@@ -32,10 +32,11 @@ timed apart (``masks_ms``). Before, ``create_block_mask`` ran inside every timed
 With a compile backend a fourth row, ``flex compiled``, runs the flex layout compiled as
 the training loop compiles its step (``pipeline.execution.CompileSettings``: dynamic
 shapes, no duck sizing): its masks are built inside the compiled graph, as in training.
-On a CPU that row's forward is FlexAttention inside a compiled graph and its training the
-dense mask (no CPU backward); Inductor's CPU lowering of FlexAttention fails on this graph
-(torch 2.13: ``LoweringException`` in ``cpp_flex_attention_template``), so CPU smoke runs
-compile it with dynamo's ``eager`` backend.
+On a CPU that row runs its forward only (FlexAttention inside a compiled graph; it has no
+CPU backward, so training would take the dense mask); Inductor's CPU lowering of
+FlexAttention fails on this graph (torch 2.13: ``LoweringException`` in
+``cpp_flex_attention_template``), so CPU smoke runs compile it with dynamo's ``eager``
+backend.
 
 Measured for the encoder (UT and CT layers) alone (eval forward; train forward+backward
 with dropout) and for a whole ``hier`` training step (loss, backward), at HIER's sizes
@@ -86,6 +87,7 @@ from pipeline.train.steps import LossModule
 
 LAYOUTS = [AttentionLayout.MASKED, AttentionLayout.PACKED, AttentionLayout.FLEX]
 COMPILED = "flex compiled"  # the row of the flex layout compiled as the loop compiles
+NO_CPU_BACKWARD = "n/a (no CPU backward)"
 KINDS = ("fwd", "train", "step")
 CPU_FLEX = (
     "; flex on a CPU: its forward is FlexAttention's unfused reference, training the dense mask"
@@ -192,6 +194,11 @@ class _Candidate:
     encode: Callable[[History], Tensor]
     loss: Callable[[GenerateBatch], Tensor]
     masks: PreparedMasks | None = None  # eager rows: masks built once, outside the timing
+    trains: bool = True  # False: its forward only (compiled flex on a CPU: no backward there)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return KINDS if self.trains else KINDS[:1]
 
 
 def _candidates(
@@ -221,7 +228,8 @@ def _candidates(
             with settings.shape_settings():
                 return loss(batch).loss
 
-        out[COMPILED] = _Candidate(model, encode, loss_of)
+        # On a CPU its training passes would take the dense mask: only the forward is flex.
+        out[COMPILED] = _Candidate(model, encode, loss_of, trains=device.type == "cuda")
     reference = out[LAYOUTS[0].value].model
     for candidate in out.values():
         candidate.model.load_state_dict(reference.state_dict())
@@ -249,7 +257,8 @@ def hier_attention_rows(
     masked layout, ``masks_ms`` (building the eval pass's masks, timed apart; None for the
     compiled row, which builds them inside its graph), ``max_abs_diff`` (encoder outputs on
     real tokens vs masked, eval), ``loss_diff`` (eval loss vs masked) and
-    ``max_grad_diff`` (the loss's parameter gradients vs masked, without dropout).
+    ``max_grad_diff`` (the loss's parameter gradients vs masked, without dropout). The
+    compiled row on a CPU runs its forward only: its training values are None.
 
     ``dtype`` is the autocast dtype (None: float32); ``smoke`` runs :data:`SMOKE`'s toy
     sizes (``sizes`` otherwise; default HIER's)."""
@@ -265,10 +274,10 @@ def hier_attention_rows(
                 c.model.eval()
             out = {k: c.encode(history).float() for k, c in candidates.items()}
             loss = {k: float(c.loss(batch)) for k, c in candidates.items()}
-        grads = {k: _gradients(c, batch, device, dtype) for k, c in candidates.items()}
+        grads = {k: _gradients(c, batch, device, dtype) for k, c in candidates.items() if c.trains}
         cases = {}
         for k, c in candidates.items():
-            for kind, case in zip(KINDS, _cases(c, batch), strict=True):
+            for kind, case in zip(c.kinds, _cases(c, batch), strict=False):
                 cases[f"{k} {kind}"] = _in_precision(case, device, dtype)
         timed = interleaved(cases, repeats, warmup, device)
         for k, c in candidates.items():
@@ -276,16 +285,19 @@ def hier_attention_rows(
             row: dict[str, object] = {"batch": f"{batch.batch_size} x {length}", "history": length}
             row["layout"] = k
             names = {"fwd": "encoder_fwd", "train": "encoder_train", "step": "step"}
-            for kind in KINDS:
-                ms = timed[f"{k} {kind}"].median * 1e3
+            for kind in KINDS:  # None: not run (no CPU backward)
+                ms = timed[f"{k} {kind}"].median * 1e3 if kind in c.kinds else None
                 row[f"{names[kind]}_ms"] = ms
-                row[f"{names[kind]}_speedup"] = timed[f"{base} {kind}"].median * 1e3 / ms
+                base_ms = timed[f"{base} {kind}"].median * 1e3
+                row[f"{names[kind]}_speedup"] = base_ms / ms if ms is not None else None
             eval_key = (tuple(history.input_ids.shape), False, False)
             row["masks_ms"] = c.masks.build_s[eval_key] * 1e3 if c.masks is not None else None
             row["max_abs_diff"] = float((out[k] - out[base]).abs()[real].max())
             row["loss_diff"] = abs(loss[k] - loss[base])
-            row["max_grad_diff"] = max(
-                float((g - grads[base][name]).abs().max()) for name, g in grads[k].items()
+            row["max_grad_diff"] = (
+                max(float((g - grads[base][name]).abs().max()) for name, g in grads[k].items())
+                if c.trains
+                else None
             )
             rows.append(row)
     return rows
@@ -337,6 +349,13 @@ def _in_precision(
     return run
 
 
+def _timing(row: dict[str, object], kind: str) -> str:
+    ms, speedup = row[f"{kind}_ms"], row[f"{kind}_speedup"]
+    if ms is None or speedup is None:
+        return NO_CPU_BACKWARD
+    return f"{number(float(ms))} ({float(speedup):.2f}x)"  # type: ignore[arg-type]
+
+
 def rows_table(rows: list[dict[str, object]]) -> str:
     """``hier_attention_rows``' rows as a markdown table."""
     headers = [
@@ -354,14 +373,11 @@ def rows_table(rows: list[dict[str, object]]) -> str:
         [
             row["batch"],
             row["layout"],
-            *(
-                f"{number(float(row[f'{kind}_ms']))} ({float(row[f'{kind}_speedup']):.2f}x)"
-                for kind in ("encoder_fwd", "encoder_train", "step")
-            ),
+            *(_timing(row, kind) for kind in ("encoder_fwd", "encoder_train", "step")),
             "in the graph" if row["masks_ms"] is None else number(float(row["masks_ms"])),
             f"{row['max_abs_diff']:.1e}",
             f"{row['loss_diff']:.1e}",
-            f"{row['max_grad_diff']:.1e}",
+            NO_CPU_BACKWARD if row["max_grad_diff"] is None else f"{row['max_grad_diff']:.1e}",
         ]
         for row in rows
     ]

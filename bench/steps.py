@@ -33,7 +33,6 @@ from pipeline.config import (
 )
 from pipeline.data.batch import Batch
 from pipeline.execution import ExecutionPolicy
-from pipeline.train.context import DataOptions
 from pipeline.train.loop import TrainJob
 from pipeline.train.loop import loop_step as the_loops_step
 from pipeline.train.optim import make_optimizer
@@ -102,10 +101,11 @@ class _OneBatch:
 
     batch: Batch
 
-    def __call__(
-        self, rank: int, world_size: int, options: DataOptions | None = None
-    ) -> tuple[_Repeated, _Repeated]:
+    def __call__(self, rank: int, world_size: int) -> tuple[_Repeated, _Repeated]:
         return _Repeated(self.batch), _Repeated(self.batch)
+
+    def valid(self, rank: int, world_size: int, batch_size: int) -> _Repeated:
+        return _Repeated(self.batch)
 
 
 def loop_step(
@@ -141,8 +141,9 @@ def peer_step(
     device = torch.device(device)
     model.to(device)
     batch = batch.to(device)
-    policy = ExecutionPolicy.for_training(settings.run_params(), device)
-    optimizer = make_optimizer(model, settings.run_params().optimizer)
+    params = settings.run_params()
+    policy = ExecutionPolicy.for_training(params, device)
+    optimizer = make_optimizer(model, params.optimizer, policy.fused_optimizer)
     loss_of = (
         torch.compile(loss_fn, backend=settings.compile_backend) if settings.compiled else loss_fn
     )

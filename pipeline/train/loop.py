@@ -487,12 +487,8 @@ def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, 
 
 @dataclass(frozen=True)
 class LoopStep:
-    """The loop's own optimizer step of a job, for benchmarks that time it beside other
-    code (``bench/steps.py``): ``model``, the plain model the step trains; ``prepare``, a
-    batch as the loop hands it to its steps (on the device, padded where the step is
-    compiled); ``step``, one step on a prepared batch, as the loop takes it (the run's
-    autocast and compiled module, token weighting, backward, clipping, the optimizer, the
-    schedule, the logging at ``log_every``)."""
+    """For benchmarks (``bench/steps.py``): a job's model, ``prepare`` (a batch as the loop
+    hands it to its steps: padded, on the device) and ``step`` (the loop's own step on it)."""
 
     model: nn.Module
     prepare: Callable[[Batch], Batch]
@@ -500,12 +496,7 @@ class LoopStep:
 
 
 def loop_step(job: TrainJob, device: torch.device | None = None) -> LoopStep:
-    """``job``'s model and its training step in this process, built as :func:`train_local`
-    builds them (no checkpoint is read or written)."""
+    """``job``'s :class:`LoopStep` in this process, built as :func:`train_local` builds it
+    (no checkpoint is read or written)."""
     run = _Run(job, LocalContext(Path(job.run_dir) / job.name, device, job.restart))
-    pad_to = run.data_options.pad_to
-
-    def prepare(batch: Batch) -> Batch:
-        return batch.padded(lambda n: -(-n // pad_to) * pad_to).to(run.ctx.device)
-
-    return LoopStep(run.raw, prepare, run.train_step)
+    return LoopStep(run.raw, lambda b: next(run.policy.training_batches([b])), run.train_step)
