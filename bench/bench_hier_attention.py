@@ -32,8 +32,8 @@ timed apart (``masks_ms``). Before, ``create_block_mask`` ran inside every timed
 With a compile backend a fourth row, ``flex compiled``, runs the flex layout compiled as
 the training loop compiles its step (``pipeline.execution.CompileSettings``: dynamic
 shapes, no duck sizing): its masks are built inside the compiled graph, as in training.
-On a CPU that row runs its forward only (FlexAttention inside a compiled graph; it has no
-CPU backward, so training would take the dense mask); Inductor's CPU lowering of
+On a CPU that row runs its encoder's forward only (FlexAttention inside a compiled graph;
+it has no CPU backward, so training would take the dense mask); Inductor's CPU lowering of
 FlexAttention fails on this graph (torch 2.13: ``LoweringException`` in
 ``cpp_flex_attention_template``), so CPU smoke runs compile it with dynamo's ``eager``
 backend.
@@ -194,7 +194,7 @@ class _Candidate:
     encode: Callable[[History], Tensor]
     loss: Callable[[GenerateBatch], Tensor]
     masks: PreparedMasks | None = None  # eager rows: masks built once, outside the timing
-    trains: bool = True  # False: its forward only (compiled flex on a CPU: no backward there)
+    trains: bool = True  # False: its encoder's forward only (compiled flex on a CPU)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -258,7 +258,7 @@ def hier_attention_rows(
     compiled row, which builds them inside its graph), ``max_abs_diff`` (encoder outputs on
     real tokens vs masked, eval), ``loss_diff`` (eval loss vs masked) and
     ``max_grad_diff`` (the loss's parameter gradients vs masked, without dropout). The
-    compiled row on a CPU runs its forward only: its training values are None.
+    compiled row on a CPU runs its encoder's forward only: its other values are None.
 
     ``dtype`` is the autocast dtype (None: float32); ``smoke`` runs :data:`SMOKE`'s toy
     sizes (``sizes`` otherwise; default HIER's)."""
@@ -273,7 +273,7 @@ def hier_attention_rows(
             for c in candidates.values():
                 c.model.eval()
             out = {k: c.encode(history).float() for k, c in candidates.items()}
-            loss = {k: float(c.loss(batch)) for k, c in candidates.items()}
+            loss = {k: float(c.loss(batch)) for k, c in candidates.items() if c.trains}
         grads = {k: _gradients(c, batch, device, dtype) for k, c in candidates.items() if c.trains}
         cases = {}
         for k, c in candidates.items():
@@ -293,7 +293,7 @@ def hier_attention_rows(
             eval_key = (tuple(history.input_ids.shape), False, False)
             row["masks_ms"] = c.masks.build_s[eval_key] * 1e3 if c.masks is not None else None
             row["max_abs_diff"] = float((out[k] - out[base]).abs()[real].max())
-            row["loss_diff"] = abs(loss[k] - loss[base])
+            row["loss_diff"] = abs(loss[k] - loss[base]) if c.trains else None
             row["max_grad_diff"] = (
                 max(float((g - grads[base][name]).abs().max()) for name, g in grads[k].items())
                 if c.trains
@@ -376,7 +376,7 @@ def rows_table(rows: list[dict[str, object]]) -> str:
             *(_timing(row, kind) for kind in ("encoder_fwd", "encoder_train", "step")),
             "in the graph" if row["masks_ms"] is None else number(float(row["masks_ms"])),
             f"{row['max_abs_diff']:.1e}",
-            f"{row['loss_diff']:.1e}",
+            NO_CPU_BACKWARD if row["loss_diff"] is None else f"{row['loss_diff']:.1e}",
             NO_CPU_BACKWARD if row["max_grad_diff"] is None else f"{row['max_grad_diff']:.1e}",
         ]
         for row in rows

@@ -47,9 +47,9 @@ def hier_rows(check: Check, part: Part) -> None:
     ]
     tolerance = TOLERANCE[setup.dtype]
     off = [
-        f"{r['layout']} at {r['history']} tokens ({r['max_abs_diff']:.1e}, {r['loss_diff']:.1e})"
+        f"{r['layout']} at {r['history']} tokens ({r['max_abs_diff']:.1e}, {r['loss_diff']})"
         for r in rows
-        if max(float(r["max_abs_diff"]), float(r["loss_diff"])) > tolerance
+        if max(float(r["max_abs_diff"]), float(r["loss_diff"] or 0.0)) > tolerance
     ]
     if off:
         part.failed = f"outputs or loss differ from the masked layout by > {tolerance}: {off}"
