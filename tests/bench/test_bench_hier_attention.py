@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from bench import bench_hier_attention
 from bench.bench_hier_attention import hier_attention_rows
 from pipeline.models import masks
 
@@ -45,3 +46,19 @@ def test_masks_are_built_once_per_batch_outside_the_timed_calls(monkeypatch):
     hier_attention_rows(torch.device("cpu"), None, [24], repeats=5, smoke=True, warmup=2)
     # 2 masks (UT, CT) x 3 pass kinds: no grad, gradients in eval mode, training
     assert len(calls) == 2 * 3
+
+
+def test_every_timed_case_runs_under_the_dtypes_autocast(monkeypatch):
+    entered = []
+    real = bench_hier_attention.precision
+
+    def spy(device: torch.device, dtype: torch.dtype | None):
+        entered.append(dtype)
+        return real(device, dtype)
+
+    monkeypatch.setattr(bench_hier_attention, "precision", spy)
+    hier_attention_rows(torch.device("cpu"), torch.bfloat16, [24], repeats=2, smoke=True, warmup=0)
+    # one eval pass, a gradient per layout, then 3 layouts x 3 cases x 2 repeats
+    assert entered == [torch.bfloat16] * (1 + 3 + 3 * 3 * 2)
+    with real(torch.device("cpu"), torch.bfloat16):
+        assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.bfloat16
