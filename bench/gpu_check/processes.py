@@ -144,6 +144,9 @@ class MemoryShare:
     gib: float  # the same, in GiB
     processes: int
 
+    def describe(self) -> str:
+        return f"{self.gib:.1f} GiB (1/{self.processes} of the free memory)"
+
     @classmethod
     def of(cls, processes: int) -> MemoryShare:
         """An equal share of the memory free now, for each of ``processes``."""
@@ -163,10 +166,9 @@ def _child(
     try:
         train_local(job, torch.device(device))
     except torch.cuda.OutOfMemoryError as err:
-        assert share is not None
+        within = "" if share is None else f" within its share, {share.describe()}"
         error = (
-            f"out of memory ({where(err)}) within its share, {share.gib:.1f} GiB (1/"
-            f"{share.processes} of the free memory): train fewer at once (--processes) or "
+            f"out of memory ({where(err)}){within}: train fewer at once (--processes) or "
             "smaller batches (train.defaults.batch_tokens)"
         )
     except Exception as err:  # reported by the parent, which goes on with the other parts

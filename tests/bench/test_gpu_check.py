@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -17,11 +18,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from bench.common import MetricStamps
-from bench.gpu_check import cli
+from bench.gpu_check import cli, processes
 from bench.gpu_check.cli import PARTS, Spec, parser, setup_of
 from bench.gpu_check.loop import epochs_that_fit, sized_knobs
 from bench.gpu_check.peers import TOY_LM, gpt_candidates, lm_batch, our_gpt
-from bench.gpu_check.processes import Outcome, run_at_once, shared
+from bench.gpu_check.processes import MemoryShare, Outcome, run_at_once, shared
 from bench.gpu_check.report import Check, LoopRate, Part, peak_tflops, replace_section, summary
 from pipeline.config import RunParams
 from pipeline.data.special import EOS_ID
@@ -414,3 +415,44 @@ def test_a_training_past_the_time_limit_is_killed(tmp_path: Path) -> None:
     assert outcome.killed
     assert outcome.error == "the process killed at the time limit (20 s), exit code -9"
     assert outcome.lines == tuple(MetricStamps(str(folder / "stamps.jsonl")).read())
+
+
+class OutOfMemory(ToyFactory):
+    """A model whose training step runs out of (CUDA) memory."""
+
+    def __call__(self) -> torch.nn.Module:
+        model = super().__call__()
+
+        def loss(batch: object) -> None:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+        model.loss = loss  # type: ignore[method-assign]
+        return model
+
+
+def test_a_training_out_of_memory_in_its_share_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40: four trainings on one GPU could run out of memory and nothing handled
+    it. Each process takes its share of the free memory; one that runs out within it
+    reports that, and what to do, as its outcome."""
+    fractions: list[float] = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fractions.append)
+    job = TrainJob(
+        name="oom",
+        model_name="toy",
+        model=OutOfMemory(),
+        data=PoolFactory(),
+        params=RunParams(epochs=1, patience=None, log_every=1, checkpoint_every=None),
+        run_dir=str(tmp_path),
+        show_progress=False,
+    )
+    share = MemoryShare(fraction=0.25, gib=19.5, processes=4)
+    processes._child(job, "cpu", 1, share, str(tmp_path / "result.json"))
+    out = json.loads((tmp_path / "result.json").read_text())
+    assert fractions == [0.25]
+    assert out["error"].startswith("out of memory (")
+    assert out["error"].endswith(
+        "within its share, 19.5 GiB (1/4 of the free memory): train fewer at once "
+        "(--processes) or smaller batches (train.defaults.batch_tokens)"
+    )
