@@ -10,10 +10,14 @@ compiling is counted for it), and raises (the part FAILED, the others still run)
 ``report.Missing`` (skipped, saying why). It reads the settings from ``check.setup``, the
 PTB corpus from ``check.ptb()`` and the time left from ``check.seconds_left()``; a number
 a later part needs goes into a typed field of ``report.Check`` that names its writer and
-readers. Then add a ``Spec`` to ``PARTS`` at its place in the order (what a first GPU run
-needs most comes first: a part after the time limit is skipped), with a budget that keeps
-the sum within ``TIME_LIMIT_S``, and document it in the package docstring, in the
-README's GPU check section and in the GPU kit's ``PHASES`` line there.
+readers. Trainings of the profile's runs go through the project's loop as ``loop.py``'s
+do: ``processes.run_at_once`` of ``processes.loop_job(check.ptb().plan(key, **knobs),
+folder)``, each process within its share of the GPU. Then add a ``Spec`` to ``PARTS`` at
+its place in the order (what a first GPU run needs most comes first: a part after the
+time limit is skipped), with a budget that keeps the sum within ``TIME_LIMIT_S``, and
+document it in the package docstring, in the README's GPU check section and in the GPU
+kit's ``PHASES`` line there (``tests/bench/test_gpu_check.py`` checks the order, the
+budgets' sum and that line).
 """
 
 from __future__ import annotations
