@@ -25,6 +25,19 @@ three ways (``HierConfig.attention_layout``), with the same layers and parameter
 Real-token outputs are the same computation (checked here: max abs difference over real
 tokens, and the loss); ``tests/models/test_hier.py`` also checks equal gradients.
 
+Each history length's batch is fixed, so every layout's masks (dense masks, token groups,
+FlexAttention block masks: ``HierTransformer.attention``) are built once per batch shape
+and pass, outside the timed calls, and reused (:class:`PreparedMasks`); their building is
+timed apart (``masks_ms``). Before, ``create_block_mask`` ran inside every timed flex call.
+With a compile backend a fourth row, ``flex compiled``, runs the flex layout compiled as
+the training loop compiles its step (``pipeline.execution.CompileSettings``: dynamic
+shapes, no duck sizing): its masks are built inside the compiled graph, as in training.
+On a CPU that row runs its encoder's forward only (FlexAttention inside a compiled graph;
+it has no CPU backward, so training would take the dense mask); Inductor's CPU lowering of
+FlexAttention fails on this graph (torch 2.13: ``LoweringException`` in
+``cpp_flex_attention_template``), so CPU smoke runs compile it with dynamo's ``eager``
+backend.
+
 Measured for the encoder (UT and CT layers) alone (eval forward; train forward+backward
 with dropout) and for a whole ``hier`` training step (loss, backward), at HIER's sizes
 (d=100, 4 heads, FFN 100, 3+3+3 layers) and a fixed token budget per batch (4800 history
@@ -44,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,14 +66,28 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from torch import Tensor, nn
 
-from bench.common import DTYPES, interleaved, number, parser, setup, synthetic_batch, table
-from pipeline.data.batch import GenerateBatch
+from bench.common import (
+    DTYPES,
+    interleaved,
+    number,
+    parser,
+    setup,
+    synchronize,
+    synthetic_batch,
+    table,
+)
+from pipeline.data.batch import GenerateBatch, History
+from pipeline.execution import CompileSettings
 from pipeline.models import masks, registry
-from pipeline.models.hier import AttentionLayout, HierTransformer
+from pipeline.models.hier import AttentionLayout, EncoderAttention, HierTransformer
 from pipeline.models.utterances import context_groups, utterance_groups
+from pipeline.train.steps import LossModule
 
 LAYOUTS = [AttentionLayout.MASKED, AttentionLayout.PACKED, AttentionLayout.FLEX]
+COMPILED = "flex compiled"  # the row of the flex layout compiled as the loop compiles
+NO_CPU_BACKWARD = "n/a (no CPU backward)"
 KINDS = ("fwd", "train", "step")
 CPU_FLEX = (
     "; flex on a CPU: its forward is FlexAttention's unfused reference, training the dense mask"
@@ -121,6 +149,97 @@ def precision(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]
         yield
 
 
+class PreparedMasks:
+    """``model.attention`` (the masks or token groups of a pass over a history), built
+    once per history shape, pass (with or without gradients: a CPU flex mask has no
+    block mask with them) and mode, and reused: a benchmark's batches are fixed, so its
+    timed calls measure attention over masks built before (``build_s``: each first build's
+    seconds). Installed on the model instance, which then calls it."""
+
+    def __init__(self, model: HierTransformer) -> None:
+        self.model, self.build = model, model.attention
+        self.built: dict[tuple[object, ...], tuple[EncoderAttention, EncoderAttention]] = {}
+        self.build_s: dict[tuple[object, ...], float] = {}
+        model.attention = self  # type: ignore[method-assign]
+
+    def __call__(self, history: History) -> tuple[EncoderAttention, EncoderAttention]:
+        key = (tuple(history.input_ids.shape), torch.is_grad_enabled(), self.model.training)
+        if key not in self.built:
+            device = history.input_ids.device
+            synchronize(device)
+            start = time.perf_counter()
+            self.built[key] = self.build(history)
+            synchronize(device)
+            self.build_s[key] = time.perf_counter() - start
+        return self.built[key]
+
+
+class _Encoder(nn.Module):
+    """``forward(history) = model.encode_history(history).states``: the encoder as a
+    module, to compile it as the loop compiles its step."""
+
+    def __init__(self, model: HierTransformer) -> None:
+        super().__init__()
+        self.inner = model
+
+    def forward(self, history: History) -> Tensor:
+        return self.inner.encode_history(history).states
+
+
+@dataclass
+class _Candidate:
+    """A layout's model and how a pass runs it (eager methods, or compiled modules)."""
+
+    model: HierTransformer
+    encode: Callable[[History], Tensor]
+    loss: Callable[[GenerateBatch], Tensor]
+    masks: PreparedMasks | None = None  # eager rows: masks built once, outside the timing
+    trains: bool = True  # False: its encoder's forward only (compiled flex on a CPU)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return KINDS if self.trains else KINDS[:1]
+
+
+def _candidates(
+    sizes: Sizes, device: torch.device, compile_backend: str | None
+) -> dict[str, _Candidate]:
+    """Every layout's candidate (the masked one's weights in each); with
+    ``compile_backend`` also :data:`COMPILED`."""
+    out: dict[str, _Candidate] = {}
+    for layout in LAYOUTS:
+        model = build(sizes, layout, device)
+        masks_of = PreparedMasks(model)
+        out[layout.value] = _Candidate(
+            model, lambda h, m=model: m.encode_history(h).states, _loss_of(model), masks_of
+        )
+    if compile_backend is not None:
+        settings = CompileSettings(backend=compile_backend)
+        model = build(sizes, AttentionLayout.FLEX, device)
+        encoder, loss = _Encoder(model), LossModule(model)
+        settings.apply(encoder)
+        settings.apply(loss)
+
+        def encode(history: History) -> Tensor:
+            with settings.shape_settings():
+                return encoder(history)
+
+        def loss_of(batch: GenerateBatch) -> Tensor:
+            with settings.shape_settings():
+                return loss(batch).loss
+
+        # On a CPU its training passes would take the dense mask: only the forward is flex.
+        out[COMPILED] = _Candidate(model, encode, loss_of, trains=device.type == "cuda")
+    reference = out[LAYOUTS[0].value].model
+    for candidate in out.values():
+        candidate.model.load_state_dict(reference.state_dict())
+    return out
+
+
+def _loss_of(model: HierTransformer) -> Callable[[GenerateBatch], Tensor]:
+    return lambda batch: model.loss(batch).loss
+
+
 def hier_attention_rows(
     device: torch.device,
     dtype: torch.dtype | None,
@@ -129,90 +248,93 @@ def hier_attention_rows(
     smoke: bool,
     warmup: int = 1,
     sizes: Sizes | None = None,
+    compile_backend: str | None = None,
 ) -> list[dict[str, object]]:
     """One row per (history length, layout): ``batch`` ("B x L"), ``history`` (L),
-    ``layout`` (masked, packed, flex), the median milliseconds ``encoder_fwd_ms`` (eval
-    forward), ``encoder_train_ms`` (forward + backward), ``step_ms`` (a hier training
-    step), each one's ``*_speedup`` over the masked layout, ``max_abs_diff`` (encoder
-    outputs on real tokens vs masked, eval), ``loss_diff`` (eval loss vs masked) and
-    ``max_grad_diff`` (the loss's parameter gradients vs masked, without dropout).
+    ``layout`` (masked, packed, flex; with ``compile_backend`` also :data:`COMPILED`), the
+    median milliseconds ``encoder_fwd_ms`` (eval forward), ``encoder_train_ms`` (forward +
+    backward), ``step_ms`` (a hier training step), each one's ``*_speedup`` over the
+    masked layout, ``masks_ms`` (building the eval pass's masks, timed apart; None for the
+    compiled row, which builds them inside its graph), ``max_abs_diff`` (encoder outputs on
+    real tokens vs masked, eval), ``loss_diff`` (eval loss vs masked) and
+    ``max_grad_diff`` (the loss's parameter gradients vs masked, without dropout). The
+    compiled row on a CPU runs its encoder's forward only: its other values are None.
 
     ``dtype`` is the autocast dtype (None: float32); ``smoke`` runs :data:`SMOKE`'s toy
     sizes (``sizes`` otherwise; default HIER's)."""
     sizes = SMOKE if smoke else sizes or Sizes()
-    models = {layout: build(sizes, layout, device) for layout in LAYOUTS}
-    reference = models[LAYOUTS[0]]
-    for model in models.values():
-        model.load_state_dict(reference.state_dict())
+    candidates = _candidates(sizes, device, compile_backend)
+    base = LAYOUTS[0].value
     rows = []
     for length in histories:
         batch = batch_of(sizes, length).to(device)
         history, real = batch.history, batch.history.input_mask
         with torch.no_grad(), precision(device, dtype):
-            for model in models.values():
-                model.eval()
-            out = {k: m.encode_history(history).states.float() for k, m in models.items()}
-            loss = {k: float(m.loss(batch).loss) for k, m in models.items()}
-        grads = {k: _gradients(m, batch, device, dtype) for k, m in models.items()}
+            for c in candidates.values():
+                c.model.eval()
+            out = {k: c.encode(history).float() for k, c in candidates.items()}
+            loss = {k: float(c.loss(batch)) for k, c in candidates.items() if c.trains}
+        grads = {k: _gradients(c, batch, device, dtype) for k, c in candidates.items() if c.trains}
         cases = {}
-        for k, m in models.items():
-            for kind, case in zip(KINDS, _cases(m, batch), strict=True):
+        for k, c in candidates.items():
+            for kind, case in zip(c.kinds, _cases(c, batch), strict=False):
                 cases[f"{k} {kind}"] = _in_precision(case, device, dtype)
         timed = interleaved(cases, repeats, warmup, device)
-        for k, m in models.items():
-            m.zero_grad(set_to_none=True)
-            row: dict[str, object] = {
-                "batch": f"{batch.batch_size} x {length}",
-                "history": length,
-                "layout": k.value,
-            }
+        for k, c in candidates.items():
+            c.model.zero_grad(set_to_none=True)
+            row: dict[str, object] = {"batch": f"{batch.batch_size} x {length}", "history": length}
+            row["layout"] = k
             names = {"fwd": "encoder_fwd", "train": "encoder_train", "step": "step"}
-            for kind in KINDS:
-                ms = timed[f"{k} {kind}"].median * 1e3
-                base = timed[f"{LAYOUTS[0]} {kind}"].median * 1e3
+            for kind in KINDS:  # None: not run (no CPU backward)
+                ms = timed[f"{k} {kind}"].median * 1e3 if kind in c.kinds else None
                 row[f"{names[kind]}_ms"] = ms
-                row[f"{names[kind]}_speedup"] = base / ms
-            row["max_abs_diff"] = float((out[k] - out[LAYOUTS[0]]).abs()[real].max())
-            row["loss_diff"] = abs(loss[k] - loss[LAYOUTS[0]])
-            row["max_grad_diff"] = max(
-                float((g - grads[LAYOUTS[0]][name]).abs().max()) for name, g in grads[k].items()
+                base_ms = timed[f"{base} {kind}"].median * 1e3
+                row[f"{names[kind]}_speedup"] = base_ms / ms if ms is not None else None
+            eval_key = (tuple(history.input_ids.shape), False, False)
+            row["masks_ms"] = c.masks.build_s[eval_key] * 1e3 if c.masks is not None else None
+            row["max_abs_diff"] = float((out[k] - out[base]).abs()[real].max())
+            row["loss_diff"] = abs(loss[k] - loss[base]) if c.trains else None
+            row["max_grad_diff"] = (
+                max(float((g - grads[base][name]).abs().max()) for name, g in grads[k].items())
+                if c.trains
+                else None
             )
             rows.append(row)
     return rows
 
 
 def _gradients(
-    model: HierTransformer, batch: GenerateBatch, device: torch.device, dtype: torch.dtype | None
+    c: _Candidate, batch: GenerateBatch, device: torch.device, dtype: torch.dtype | None
 ) -> dict[str, torch.Tensor]:
     """The loss's parameter gradients without dropout (eval mode: every layout's draws would
     differ), through each layout's backward (FlexAttention's own on CUDA)."""
-    model.eval()
-    model.zero_grad(set_to_none=True)
+    c.model.eval()
+    c.model.zero_grad(set_to_none=True)
     with precision(device, dtype):
-        loss = model.loss(batch).loss
+        loss = c.loss(batch)
     loss.backward()
-    grads = {k: p.grad.float().clone() for k, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
+    grads = {k: p.grad.float().clone() for k, p in c.model.named_parameters() if p.grad is not None}
+    c.model.zero_grad(set_to_none=True)
     return grads
 
 
-def _cases(model: HierTransformer, batch: GenerateBatch) -> list[Callable[[], None]]:
+def _cases(c: _Candidate, batch: GenerateBatch) -> list[Callable[[], None]]:
     """The three timed calls: encoder eval forward, encoder forward + backward (training
     mode), a whole training step's loss and backward."""
-    history = batch.history
+    history, model = batch.history, c.model
 
     def encode() -> None:
         model.eval()
         with torch.no_grad():
-            model.encode_history(history)
+            c.encode(history)
 
     def encode_train() -> None:
         model.train()
-        model.encode_history(history).states.float().sum().backward()
+        c.encode(history).float().sum().backward()
 
     def step() -> None:
         model.train()
-        model.loss(batch).loss.backward()
+        c.loss(batch).backward()
 
     return [encode, encode_train, step]
 
@@ -225,6 +347,41 @@ def _in_precision(
             case()
 
     return run
+
+
+def _timing(row: dict[str, object], kind: str) -> str:
+    ms, speedup = row[f"{kind}_ms"], row[f"{kind}_speedup"]
+    if ms is None or speedup is None:
+        return NO_CPU_BACKWARD
+    return f"{number(float(ms))} ({float(speedup):.2f}x)"  # type: ignore[arg-type]
+
+
+def rows_table(rows: list[dict[str, object]]) -> str:
+    """``hier_attention_rows``' rows as a markdown table."""
+    headers = [
+        "B x L",
+        "attention_layout",
+        "encoder fwd ms (speed-up)",
+        "encoder fwd+bwd ms (speed-up)",
+        "hier train step ms (speed-up)",
+        "masks built ms (apart)",
+        "max abs diff vs masked (real tokens)",
+        "loss diff",
+        "max grad diff",
+    ]
+    cells = [
+        [
+            row["batch"],
+            row["layout"],
+            *(_timing(row, kind) for kind in ("encoder_fwd", "encoder_train", "step")),
+            "in the graph" if row["masks_ms"] is None else number(float(row["masks_ms"])),
+            f"{row['max_abs_diff']:.1e}",
+            NO_CPU_BACKWARD if row["loss_diff"] is None else f"{row['loss_diff']:.1e}",
+            NO_CPU_BACKWARD if row["max_grad_diff"] is None else f"{row['max_grad_diff']:.1e}",
+        ]
+        for row in rows
+    ]
+    return table(headers, cells)
 
 
 def layout_rows(sizes: Sizes, histories: Sequence[int]) -> list[list[object]]:
@@ -261,6 +418,11 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=1505, help="MultiWOZ's vocabulary size")
     p.add_argument("--target", type=int, default=30)
     p.add_argument(
+        "--compile-backend",
+        default=None,
+        help="add the flex layout compiled as the loop compiles its step (e.g. inductor)",
+    )
+    p.add_argument(
         "--attention-dropout",
         type=float,
         default=None,
@@ -283,7 +445,7 @@ def main() -> None:
     dtype = None if args.dtype == "fp32" else DTYPES[args.dtype]
     device = torch.device(args.device)
     rows = hier_attention_rows(
-        device, dtype, args.histories, args.repeats, False, args.warmup, sizes
+        device, dtype, args.histories, args.repeats, False, args.warmup, sizes, args.compile_backend
     )
 
     print("## HT-Encoder attention: masked flat history vs packed token groups vs flex\n")
@@ -300,31 +462,7 @@ def main() -> None:
     headers = ["B x L", "real tokens", "utterance grid N x Lu", "final-utterance grid B x Lf"]
     headers += ["UT-mask density", "CT-mask density"]
     print(table(headers, layout_rows(sizes, args.histories)) + "\n")
-    headers = [
-        "B x L",
-        "attention_layout",
-        "encoder fwd ms (speed-up)",
-        "encoder fwd+bwd ms (speed-up)",
-        "hier train step ms (speed-up)",
-        "max abs diff vs masked (real tokens)",
-        "loss diff",
-        "max grad diff",
-    ]
-    cells = [
-        [
-            row["batch"],
-            row["layout"],
-            *(
-                f"{number(float(row[f'{kind}_ms']))} ({float(row[f'{kind}_speedup']):.2f}x)"
-                for kind in ("encoder_fwd", "encoder_train", "step")
-            ),
-            f"{row['max_abs_diff']:.1e}",
-            f"{row['loss_diff']:.1e}",
-            f"{row['max_grad_diff']:.1e}",
-        ]
-        for row in rows
-    ]
-    print(table(headers, cells))
+    print(rows_table(rows))
 
 
 if __name__ == "__main__":

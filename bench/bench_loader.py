@@ -7,9 +7,10 @@ measures in the same run, interleaved:
 - ``loader``: ``BatchLoader`` over the generate/train shards (length-bucketed, shuffled,
   ``--batch-size`` examples, collated in the training process, ``num_workers=0``: the
   worst case, nothing overlaps the step), timed per ``--loader-batches`` batches;
-- ``train step``: forward, loss, backward, clipping and an Adam step of the default
-  model (``transformer`` at the paper's size, the corpus vocabulary) on a real batch of
-  median history length from the same loader.
+- ``train step``: the training loop's own step (``bench.steps``: forward, loss,
+  backward, clipping, an Adam step) of the default model (``transformer`` at the paper's
+  size, the corpus vocabulary) on a real batch of median history length from the same
+  loader.
 
 The ratio loader time per batch / step time is the fraction of a step the loader would
 add if it did not overlap at all; ``num_workers >= 1`` hides it behind the step.
@@ -30,7 +31,7 @@ if __package__ in (None, ""):
 
 import torch
 
-from bench.bench_train import SCALES, build, train_step
+from bench.bench_train import SCALES, build, candidate_step
 from bench.common import interleaved, number, parser, setup, table, timing_cells
 from pipeline.data.batch import Batch, GenerateBatch
 from pipeline.data.loader import BatchLoader, load_vocab, open_split
@@ -86,7 +87,7 @@ def main() -> None:
         sizes = type(sizes)(**{**sizes.__dict__, "vocab": vocab})
         torch.manual_seed(args.seed)
         model, loss_fn = build(args.model, sizes)
-        step = train_step(model, loss_fn, batch, args)
+        step = candidate_step(args.model, model, loss_fn, batch, args.device, args.dtype)
 
         def load() -> None:
             for _ in range(args.loader_batches):

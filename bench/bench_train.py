@@ -1,9 +1,12 @@
 """Training throughput: our ``transformer``/``unet`` vs HuggingFace BART and torch.nn.Transformer.
 
-One training step = zero_grad, forward, token cross-entropy, backward, gradient clipping
-(1.0, as the U-Net paper) and an Adam step (lr 1e-4, betas 0.9/0.98), identical for every
-candidate, on the same batch (default 16 histories of up to 150 tokens, targets of up to
-30). Throughput counts the target tokens the step is trained on (``target_mask[:, 1:]``).
+Our models (``OURS``) are trained by the training loop's own step (``bench.steps.loop_step``:
+the execution policy's autocast and compile, ``make_optimizer``, token weighting, clipping
+at 1.0 as the U-Net paper); the peers (``bart``, ``torch``) by their own code with the same
+optimizer (Adam, lr 1e-4, betas 0.9/0.98; fused on CUDA), autocast and clipping
+(``bench.steps.peer_step``), on the same batch, built by the data layer (default 16
+histories of up to 150 tokens, targets of up to 30). Throughput counts the target tokens
+the step is trained on (``target_mask[:, 1:]``).
 All candidates are built at the U-Net paper's size (d=256, 6+6 layers, 8 heads, FFN 1024,
 20k vocabulary, dropout 0.1, ReLU, post-norm, tied output embedding):
 
@@ -17,9 +20,9 @@ All candidates are built at the U-Net paper's size (d=256, 6+6 layers, 8 heads, 
 - ``torch``: ``nn.Transformer`` + embedding, sinusoidal positions, tied output.
 
 Run: ``python -m bench.bench_train`` (``--scale tiny`` for a smoke test; ``--dtypes fp32
-bf16`` interleaves both autocast dtypes in one run; ``--compile`` adds a
-``torch.compile``d copy of each candidate (compilation happens in the warm-up steps, its
-time is printed); ``--device cuda --dtype bf16`` on a GPU). Model FLOPs per step are
+bf16`` interleaves both autocast dtypes in one run; ``--compile`` adds a compiled copy of
+each candidate, ours compiled as the loop compiles its step (its first step compiles,
+timed apart and printed); ``--device cuda --dtype bf16`` on a GPU). Model FLOPs per step are
 counted by ``torch.utils.flop_counter`` (forward + backward); with ``--peak-tflops`` (the
 device's dense peak for the dtype, e.g. 989 for an H100 SXM in bf16) the MFU is printed.
 
@@ -53,7 +56,6 @@ from bench.common import (
     DTYPES,
     MetricStamps,
     Samples,
-    autocast,
     interleaved,
     parser,
     setup,
@@ -61,13 +63,17 @@ from bench.common import (
     table,
     timing_cells,
 )
+from bench.steps import StepSettings, loop_step, peer_step
+from pipeline.config import Precision
 from pipeline.data.batch import Batch, GenerateBatch
 from pipeline.models import registry
 from pipeline.models.base import count_parameters, token_loss
 from pipeline.models.layers import SinusoidalPositions, causal_mask
 
 CANDIDATES = ("transformer", "transformer_d32", "transformer_p0", "unet", "bart", "torch")
+OURS = ("transformer", "transformer_d32", "transformer_p0", "unet")  # the loop's own step
 REFERENCE = "bart"
+PRECISIONS = {"fp32": Precision.FP32, "bf16": Precision.BF16}  # the loop's (no fp16)
 
 
 @dataclass(frozen=True)
@@ -216,32 +222,24 @@ def step_flops(model: nn.Module, loss_fn: Callable[[GenerateBatch], Tensor], bat
     return counter.get_total_flops()
 
 
-def train_step(
+def candidate_step(
+    name: str,
     model: nn.Module,
     loss_fn: Callable[[Batch], Tensor],
     batch: Batch,
-    args,
-    dtype: str | None = None,
-    optimizer_cls: type[torch.optim.Optimizer] = torch.optim.Adam,
+    device: str,
+    dtype: str,
+    compile_backend: str | None = None,
 ) -> Callable[[], None]:
-    """One optimizer step on ``batch`` (autocast to ``dtype``, default ``args.dtype``).
-
-    ``optimizer_cls`` (Adam or AdamW, lr 1e-4, betas 0.9/0.98) runs fused on CUDA, one kernel
-    for every parameter; elsewhere torch's default implementation."""
-    fused = True if torch.device(args.device).type == "cuda" else None
-    optimizer = optimizer_cls(model.parameters(), lr=1e-4, betas=(0.9, 0.98), fused=fused)
-    model.train()
-    dtype = dtype or args.dtype
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast(args.device, dtype):
-            loss = loss_fn(batch)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-
-    return step
+    """One optimizer step of candidate ``name`` on ``batch`` at ``dtype`` (autocast;
+    fp32: none): ours the loop's own, a peer's through its own ``loss_fn``
+    (``bench.steps``); compiled with ``compile_backend`` unless None."""
+    if dtype not in PRECISIONS:
+        raise SystemExit(f"--dtype {dtype}: the loop trains in {' or '.join(PRECISIONS)}")
+    settings = StepSettings(precision=PRECISIONS[dtype], compile_backend=compile_backend)
+    if name in OURS:
+        return loop_step(model, batch, device, settings)
+    return peer_step(model, loss_fn, batch, device, settings)
 
 
 def ray_step_times(args, s: Sizes, workers: int, scratch: Path) -> tuple[list[float], int]:
@@ -362,9 +360,8 @@ def main() -> None:
             model.to(args.device)
             params[label] = count_parameters(model)
             flops[label] = step_flops(model, loss_fn, batch)
-            if compiled:
-                loss_fn = torch.compile(loss_fn)
-            steps[label] = train_step(model, loss_fn, batch, args, dtype)
+            backend = "inductor" if compiled else None
+            steps[label] = candidate_step(name, model, loss_fn, batch, args.device, dtype, backend)
             references[label] = REFERENCE if len(dtypes) == 1 else f"{REFERENCE} {dtype}"
             if compiled:  # the first call compiles: time it apart from the steps
                 start = time.perf_counter()

@@ -2,18 +2,20 @@
 
 - **GPT vs GPT-2**: our ``gpt`` at GPT-2-small shapes (``GPT2_SMALL``: batch 8 x 1,024
   tokens, d 768, 12 layers, 12 heads, FFN 3,072, vocabulary 50,257, dropout 0.1, tied
-  output) trained through its own ``loss`` on an ``LMBatch`` (documents of 32 sentences of
-  32 tokens, ``<eos>`` included: the loop's path), against ``GPT2LMHeadModel`` (SDPA
-  attention) on the same tokens with ``labels``; fused AdamW on CUDA.
+  output) trained by the loop's own step on an ``LMBatch`` the data layer builds
+  (documents of 32 sentences of 32 tokens, ``<eos>`` included), against
+  ``GPT2LMHeadModel`` (SDPA attention) on the same tokens with ``labels``; AdamW.
 - **Seq2seq vs BART**: ``bench_train``'s candidates (``transformer``, ``unet``, ``bart``) at
   the U-Net paper's size on its synthetic batch (histories of up to 150 tokens, targets
   of up to 30), at a larger batch than ``bench_train``'s 16 (``Setup.seq2seq_batch``).
 
-Every candidate takes the same step (zero_grad, forward under autocast, backward, clip 1.0,
-optimizer); repetitions are interleaved (``bench.common.interleaved``). A compiled
-candidate is ``torch.compile`` of its loss function (model forward and loss; backward
-through AOTAutograd); its first step compiles and is timed apart, with the graph breaks
-dynamo counted. FLOPs per step come from ``torch.utils.flop_counter`` (forward + backward);
+Our models take the training loop's own step (``bench.steps.loop_step``: the execution
+policy's compile, ``make_optimizer``, token weighting); the peers take theirs through
+their own code with the same optimizer, autocast and clipping (``bench.steps.peer_step``);
+repetitions are interleaved (``bench.common.interleaved``). Compiled, ours is the loop's
+compiled step and a peer's is ``torch.compile`` of its loss function; the first step
+compiles and is timed apart, with the graph breaks dynamo counted. FLOPs per step come
+from ``torch.utils.flop_counter`` (forward + backward);
 MFU = FLOPs / step time / the card's dense peak.
 """
 
@@ -24,14 +26,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bench.bench_train import SCALES, build, step_flops, train_step
+from bench.bench_train import OURS, SCALES, build, step_flops
 from bench.common import interleaved, number, synthetic_batch, table, timing_cells
-from bench.gpu_check.report import Headline, Missing, Part, Setup, optional
+from bench.gpu_check.report import Check, Headline, Missing, Part, Setup, optional
+from bench.steps import StepSettings, loop_step, peer_step
+from pipeline.config import LMParams, OptimizerKind
 from pipeline.data.batch import Batch, LMBatch
-from pipeline.data.special import EOS_ID, SPECIAL_TOKENS
+from pipeline.data.encoding import EncodedDialogue
+from pipeline.data.examples import build_lm
+from pipeline.data.loader import collate_lm
+from pipeline.data.special import SPECIAL_TOKENS
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
 
@@ -76,8 +84,9 @@ class Candidate:
     loss_fn: Callable[[Any], Tensor]
     batch: Batch
     tokens: int
-    peer: str | None
+    peer: str | None  # None: ours without a peer, or a peer
     compiled: bool = True  # also measured compiled
+    ours: bool = True  # trained by the loop's own step (else by the peer's code)
 
 
 @dataclass
@@ -90,16 +99,22 @@ class Rows:
 
 
 def lm_batch(s: LMShapes, seed: int = 0) -> LMBatch:
-    """``s.batch`` documents of ``s.length`` random words, cut into sentences of
-    ``s.sentence`` tokens that each end in ``<eos>``; no padding."""
-    g = torch.Generator().manual_seed(seed)
+    """``s.batch`` documents of ``s.length`` random words in sentences of ``s.sentence``
+    tokens that each end in ``<eos>``, built and collated by the data layer
+    (``data.examples.build_lm``, ``data.loader.collate_lm``); no padding."""
+    rng = np.random.default_rng(seed)
     n_sentences = s.length // s.sentence
-    shape = (s.batch, n_sentences, s.sentence)
-    sentences = torch.randint(len(SPECIAL_TOKENS), s.vocab, shape, generator=g)
-    sentences[..., -1] = EOS_ID
-    mask = torch.ones_like(sentences, dtype=torch.bool)
-    ids = tuple(f"doc-{i}" for i in range(s.batch))
-    return LMBatch(sentences, mask, sentences.flatten(1), mask.flatten(1), ids)
+    words = (s.sentence - 1,)
+    documents = [
+        EncodedDialogue(
+            f"doc-{i}",
+            ("author",) * n_sentences,
+            tuple(rng.integers(len(SPECIAL_TOKENS), s.vocab, words) for _ in range(n_sentences)),
+        )
+        for i in range(s.batch)
+    ]
+    params = LMParams(sentences_per_document=n_sentences, max_sentence=s.sentence)
+    return collate_lm(list(build_lm(documents, params)))
 
 
 def our_gpt(s: LMShapes) -> tuple[nn.Module, Callable[[LMBatch], Tensor]]:
@@ -155,9 +170,7 @@ class _Timed:
     graph_breaks: int | None = None
 
 
-def measure(
-    candidates: list[Candidate], setup: Setup, optimizer_cls: type[torch.optim.Optimizer]
-) -> Rows:
+def measure(candidates: list[Candidate], setup: Setup, optimizer: OptimizerKind) -> Rows:
     """Each candidate eager and compiled, interleaved; a table row per candidate and mode."""
     from torch._dynamo.utils import counters
 
@@ -169,8 +182,12 @@ def measure(
         flops = step_flops(c.model, c.loss_fn, batch)
         for compiled in (False, True)[: 1 + c.compiled]:
             label = f"{c.label} compiled" if compiled else c.label
-            loss_fn = torch.compile(c.loss_fn, backend=setup.backend) if compiled else c.loss_fn
-            steps[label] = train_step(c.model, loss_fn, batch, setup, optimizer_cls=optimizer_cls)
+            backend = setup.backend if compiled else None
+            settings = StepSettings(optimizer, compile_backend=backend)
+            if c.ours:
+                steps[label] = loop_step(c.model, batch, setup.device, settings)
+            else:
+                steps[label] = peer_step(c.model, c.loss_fn, batch, setup.device, settings)
             peer = None if c.peer is None else f"{c.peer} compiled" if compiled else c.peer
             timed[label] = _Timed(count_parameters(c.model), flops, c.tokens, peer)
             if compiled:  # the first call compiles: timed apart from the steps
@@ -227,7 +244,7 @@ def gpt_candidates(s: LMShapes, notes: list[str], smoke: bool) -> list[Candidate
         notes.append(str(err))
         out[0].peer = None
         return out
-    out.append(Candidate("hf gpt2", model, loss_fn, batch, tokens, None, compiled=not smoke))
+    out.append(Candidate("hf gpt2", model, loss_fn, batch, tokens, None, not smoke, ours=False))
     if smoke:
         notes.append(SMOKE_PEERS)
     return out
@@ -249,11 +266,10 @@ def seq2seq_candidates(setup: Setup, notes: list[str]) -> list[Candidate]:
         except Missing as err:
             notes.append(str(err))
             continue
-        ours = name != "bart"
+        ours = name in OURS
         compiled = ours or not setup.smoke
-        out.append(
-            Candidate(name, model, loss_fn, batch, tokens, "bart" if ours else None, compiled)
-        )
+        peer = "bart" if ours else None
+        out.append(Candidate(name, model, loss_fn, batch, tokens, peer, compiled, ours))
     if all(c.label != "bart" for c in out):
         for c in out:
             c.peer = None
@@ -262,15 +278,17 @@ def seq2seq_candidates(setup: Setup, notes: list[str]) -> list[Candidate]:
     return out
 
 
-def gpt_vs_gpt2(setup: Setup, part: Part, state: dict[str, Any]) -> None:
+def gpt_vs_gpt2(check: Check, part: Part) -> None:
     """The GPT peer rows (module docstring)."""
+    setup = check.setup
     s = TOY_LM if setup.smoke else GPT2_SMALL
     notes: list[str] = []
-    result = measure(gpt_candidates(s, notes, setup.smoke), setup, torch.optim.AdamW)
+    result = measure(gpt_candidates(s, notes, setup.smoke), setup, OptimizerKind.ADAMW)
     part.text += [
         f"- {s.batch} x {s.length} tokens, d {s.d_model}, {s.layers} layers, {s.heads} heads, "
         f"vocabulary {s.vocab:,}, dropout {s.dropout}; {setup.precision}, AdamW "
-        f"(fused on CUDA), clip 1.0; compile backend {setup.backend}; {setup.repeats} timed "
+        f"(`make_optimizer`: fused on CUDA), clip 1.0; ours: the loop's own step; "
+        f"compile backend {setup.backend}; {setup.repeats} timed "
         f"steps each after {setup.warmup} warm-up, interleaved",
         table(HEADERS, result.rows),
         *notes,
@@ -290,17 +308,18 @@ def gpt_vs_gpt2(setup: Setup, part: Part, state: dict[str, Any]) -> None:
     ]
 
 
-def seq2seq(setup: Setup, part: Part, state: dict[str, Any]) -> None:
+def seq2seq(check: Check, part: Part) -> None:
     """The seq2seq peer rows (module docstring)."""
+    setup = check.setup
     notes: list[str] = []
     candidates = seq2seq_candidates(setup, notes)
-    result = measure(candidates, setup, torch.optim.Adam)
+    result = measure(candidates, setup, OptimizerKind.ADAM)
     scale = "tiny" if setup.smoke else "paper"
     part.text += [
         f"- `bench_train`'s candidates at its {scale} size, {setup.seq2seq_batch} histories a "
         f"step (`python -m bench.bench_train --batch-size {setup.seq2seq_batch}`); "
-        f"{setup.precision}, Adam (fused on CUDA); compile backend {setup.backend}; "
-        "tokens are target tokens",
+        f"{setup.precision}, Adam (`make_optimizer`: fused on CUDA); ours: the loop's own step; "
+        f"compile backend {setup.backend}; tokens are target tokens",
         table(HEADERS, result.rows),
         *notes,
     ]

@@ -490,3 +490,20 @@ def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:
 def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, float]:
     """Run ``job`` in this process (``train.scale.num_workers: 0``)."""
     return train_worker(job, LocalContext(Path(job.run_dir) / job.name, device, job.restart))
+
+
+@dataclass(frozen=True)
+class LoopStep:
+    """For benchmarks (``bench/steps.py``): a job's model, ``prepare`` (a batch as the loop
+    hands it to its steps: padded, on the device) and ``step`` (the loop's own step on it)."""
+
+    model: nn.Module
+    prepare: Callable[[Batch], Batch]
+    step: Callable[[Batch], None]
+
+
+def loop_step(job: TrainJob, device: torch.device | None = None) -> LoopStep:
+    """``job``'s :class:`LoopStep` in this process, built as :func:`train_local` builds it
+    (no checkpoint is read or written)."""
+    run = _Run(job, LocalContext(Path(job.run_dir) / job.name, device, job.restart))
+    return LoopStep(run.raw, lambda b: next(run.policy.training_batches([b])), run.train_step)

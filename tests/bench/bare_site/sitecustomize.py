@@ -9,11 +9,15 @@ installed packages), so that, as on a machine with only the bare and the optiona
   ``ModuleNotFoundError`` and ``importlib.util.find_spec`` answers None, as without them;
 - the packages of ``$HIERTX_BARE_BROUGHT`` (what only the optional packages, such as
   transformers, need) are found for the optional packages' own code alone, not for the
-  project's, a bare package's or ``__main__``: an optional package brings what it needs.
+  project's, a bare package's or ``__main__``: an optional package brings what it needs;
+- a refused package is still found in the folders of ``$HIERTX_BARE_VENDORED`` (``os.pathsep``
+  between them: the copies an allowed package carries, such as setuptools' ``_vendor``,
+  which it puts on ``sys.path`` itself, and which Inductor's C++ builder imports), as it
+  would be there.
 
 Each refusal is appended to ``$HIERTX_BARE_LOG`` as ``refused <module> <- <importer>``; at
 exit each process appends ``loaded <pid> <name> ...``, the top-level packages it loaded
-that are not the standard library's.
+that are not the standard library's (nor code generated at run time).
 """
 
 import atexit
@@ -21,6 +25,7 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+import tempfile
 
 
 def _names(variable: str) -> frozenset:
@@ -31,6 +36,7 @@ _OPTIONAL, _BROUGHT, _DENIED = (
     _names(f"HIERTX_BARE_{v}") for v in ("OPTIONAL", "BROUGHT", "DENIED")
 )
 _LOG = os.environ.get("HIERTX_BARE_LOG")
+_VENDORED = tuple(filter(None, os.environ.get("HIERTX_BARE_VENDORED", "").split(os.pathsep)))
 
 
 def _importer() -> str:
@@ -68,6 +74,12 @@ class BareMachine(importlib.abc.MetaPathFinder):
             importer = _importer().partition(".")[0]
             refused = importer not in _OPTIONAL and importer not in _BROUGHT
         if refused:
+            if path is None and _VENDORED:  # a top-level name: the vendored copies only
+                vendored = self.inner.find_spec(name, list(_VENDORED), target)
+                if vendored is not None:
+                    return vendored
+            elif path is not None and all(str(p).startswith(_VENDORED) for p in path):
+                return self.inner.find_spec(name, path, target)  # inside a vendored copy
             _log(f"refused {name} <- {_importer()}")
             return None
         return self.inner.find_spec(name, path, target)
@@ -81,8 +93,15 @@ class BareMachine(importlib.abc.MetaPathFinder):
         return self.inner.find_distributions(*args, **kwargs)
 
 
+def _generated(module: object) -> bool:
+    """A module of code generated at run time (Inductor's kernels: a file in its cache
+    under the temporary folder), not a package."""
+    return str(getattr(module, "__file__", None) or "").startswith(tempfile.gettempdir())
+
+
 def _log_loaded() -> None:
-    tops = {m.partition(".")[0] for m, module in list(sys.modules.items()) if module}
+    modules = list(sys.modules.items())
+    tops = {m.partition(".")[0] for m, module in modules if module and not _generated(module)}
     loaded = sorted(t for t in tops if t not in sys.stdlib_module_names and t[0] != "_")
     _log(f"loaded {os.getpid()} {' '.join(loaded)}")
 
