@@ -19,14 +19,8 @@ import torch
 
 from pipeline.artifacts import TuneRecord
 from pipeline.cluster import use_gpu
-from pipeline.config import (
-    SearchDim,
-    SearchKind,
-    SearchSpace,
-    TuneParams,
-    sampled_model,
-    trial_params,
-)
+from pipeline.config import SearchDim, SearchKind, SearchSpace, TuneParams
+from pipeline.config.tune import sampled_model, trial_params
 from pipeline.errors import ConfigError
 from pipeline.machine import default_device
 from pipeline.plan import RunPlan
