@@ -29,7 +29,6 @@ TRAINING_CODE = (
     "pipeline/tracking",
     "pipeline/train",
     "pipeline/cluster.py",
-    "pipeline/gpu_share.py",
     "pipeline/errors.py",
     "pipeline/machine.py",
     "pipeline/names.py",
