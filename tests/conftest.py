@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,26 @@ def shared_data() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[dict[str, str]]:
+    """The session's Ray instance (``tests.ray_head``): the environment that joins it."""
+    from tests.ray_head import ray_head as started
+
+    with started() as join:
+        yield join
+
+
+@pytest.fixture
+def on_ray_head(ray_head: dict[str, str]) -> Iterator[None]:
+    """``$RAY_ADDRESS`` and its token name the session's Ray instance for the test: what it
+    runs on Ray (``pipeline.cluster.ray_cluster``) joins that instead of starting its own.
+    Mark such tests ``xdist_group("cluster")``: one pytest-xdist worker runs them all."""
+    from tests.ray_head import joining
+
+    with joining(ray_head):
+        yield
 
 
 _EXIT_STATUS: list[int] = []
