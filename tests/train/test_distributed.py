@@ -5,6 +5,7 @@ no intact checkpoint) reaches the stage as itself."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,9 +21,10 @@ from pipeline.train.loop import TrainJob
 from tests.train.helpers import DivergingFactory, PoolFactory, ToyFactory
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with ray_cluster(num_cpus=2):
+@pytest.fixture
+def cluster(on_ray_head: None) -> Iterator[None]:
+    """The session's Ray instance (2 CPUs, ``tests/conftest.py``), joined for the test."""
+    with ray_cluster():
         yield
 
 
@@ -90,6 +92,7 @@ def _checkpoints(storage: Path, name: str) -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")
 def test_two_workers_match_one_and_ray_matches_local(tmp_path, cluster):
     job = _job(tmp_path, "local")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -122,6 +125,7 @@ def test_two_workers_match_one_and_ray_matches_local(tmp_path, cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")
 def test_a_torn_newest_ray_checkpoint_resumes_from_the_one_before(tmp_path, cluster):
     job = replace(_job(tmp_path, "torn"), restart="rm -r <run> && dvc repro train@toy")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -140,6 +144,7 @@ def test_a_torn_newest_ray_checkpoint_resumes_from_the_one_before(tmp_path, clus
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")
 def test_no_intact_ray_checkpoint_fails_saying_how_to_start_over(tmp_path, cluster):
     job = replace(_job(tmp_path, "torn"), restart="rm -r <run> && dvc repro train@toy")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -159,6 +164,7 @@ def test_no_intact_ray_checkpoint_fails_saying_how_to_start_over(tmp_path, clust
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")
 def test_a_diverged_ray_run_fails_with_its_own_error(tmp_path, cluster):
     job = replace(_job(tmp_path, "nan"), model=DivergingFactory(at=2, what="loss"))
     with pytest.raises(TrainingDiverged, match="nan diverged at step 2: the training loss"):
