@@ -155,10 +155,23 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, and none of the fixed ports Ray's components take by
+    default: Ray refuses a port given to two of them (a dashboard port drawn at random once
+    hit 52365, its agent's default, and the private cluster did not start)."""
+    from ray._private import ray_constants
+
+    defaults = {
+        ray_constants.DEFAULT_PORT,
+        ray_constants.DEFAULT_DASHBOARD_PORT,
+        ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT,
+    }
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in defaults:
+            return port
 
 
 def _say(line: str) -> None:
@@ -252,7 +265,7 @@ def _private_cluster(num_cpus: int | None) -> Iterator[None]:
     import ray
 
     running = running_instance()  # not joined: the line below names it
-    port = _free_port()
+    port = free_port()
     env = {ADDRESS_ENV: f"127.0.0.1:{port}", "RAY_GCS_SERVER_PORT": str(port)}
     with _environment(env), _loopback():
         ray.init(
@@ -260,7 +273,7 @@ def _private_cluster(num_cpus: int | None) -> Iterator[None]:
             num_cpus=num_cpus,
             include_dashboard=True,  # Tune/Train clean-up uses the state API it serves
             dashboard_host="127.0.0.1",
-            dashboard_port=_free_port(),
+            dashboard_port=free_port(),
             log_to_driver=True,
         )
         try:

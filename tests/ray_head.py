@@ -17,7 +17,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,14 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.cluster import free_port
+
 STARTED = "Ray runtime started."  # what `ray start` prints once its node is registered
 PR_SET_PDEATHSIG = 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:  # in the child, before exec: SIGTERM when the tests end
@@ -50,7 +45,7 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 300) -> Iterator[dict[str, st
     token = folder / "token"
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
-    port = _free_port()
+    port = free_port()
     join = {
         "RAY_ADDRESS": f"127.0.0.1:{port}",
         "RAY_AUTH_MODE": "token",
@@ -65,7 +60,7 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 300) -> Iterator[dict[str, st
             [ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1",
              f"--port={port}", f"--num-cpus={num_cpus}", f"--temp-dir={folder / 'ray'}",
              "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-             f"--dashboard-port={_free_port()}", "--disable-usage-stats"],
+             f"--dashboard-port={free_port()}", "--disable-usage-stats"],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
         )  # fmt: skip

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.cluster import ray_cluster, storage_path, use_gpu
+from pipeline import cluster as cluster_module
+from pipeline.cluster import free_port, ray_cluster, storage_path, use_gpu
 from pipeline.config import PlacementParams, RunParams
 from pipeline.errors import DataError, TrainingDiverged
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
@@ -61,6 +62,26 @@ def test_storage_path_is_absolute(tmp_path, monkeypatch):
     assert storage_path(PlacementParams(storage_path=str(tmp_path / "p")), "x") == str(
         tmp_path / "p"
     )
+
+
+def test_a_free_port_is_none_of_rays_default_ports(monkeypatch):
+    drawn = iter([52365, 8265, 6379, 40123])  # what the OS hands out, in turn
+
+    class Socket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def bind(self, address):
+            self.port = next(drawn)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(cluster_module.socket, "socket", Socket)
+    assert free_port() == 40123
 
 
 def test_workers_take_a_gpu_as_params_say_else_when_there_is_one():
