@@ -62,7 +62,7 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 300) -> Iterator[dict[str, st
              "--include-dashboard=true", "--dashboard-host=127.0.0.1",
              f"--dashboard-port={free_port()}", "--disable-usage-stats"],
             env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent, start_new_session=True,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + timeout_s
@@ -76,7 +76,7 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 300) -> Iterator[dict[str, st
         try:
             head.wait(60)
         except subprocess.TimeoutExpired:
-            head.kill()
+            os.killpg(head.pid, signal.SIGKILL)  # its node's processes too
             head.wait()
         shutil.rmtree(folder, ignore_errors=True)
 
