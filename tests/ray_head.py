@@ -74,8 +74,8 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 300) -> Iterator[dict[str, st
     finally:
         head.terminate()  # `ray start --block` stops its node's processes
         try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
+            head.wait(10)
+        except subprocess.TimeoutExpired:  # slow to stop after Tune (~35 s): nothing to keep
             os.killpg(head.pid, signal.SIGKILL)  # its node's processes too
             head.wait()
         shutil.rmtree(folder, ignore_errors=True)
