@@ -56,22 +56,23 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-wait_for_nodes() {  # wait until the cluster reports $1 alive nodes, while PID $2 lives
-  for _ in $(seq 300); do
-    n=$(ray status --address "$RAY_ADDRESS" 2>/dev/null | grep -c ' node_' || true)
-    [[ "$n" -ge "$1" ]] && return 0
+started() {  # started LOG PID: wait until that `ray start` says its node is up, while PID lives
+  # ("Ray runtime started." comes once the node is registered with the GCS: Ray waits for
+  # that first). Reading the log costs nothing; `ray status` is a Python CLI per call.
+  for _ in $(seq 1500); do
+    grep -qF "Ray runtime started." "$1" && return 0
     kill -0 "$2" 2>/dev/null || return 1
-    sleep 1
+    sleep 0.2
   done
   return 1
 }
 
 start_node() {  # start_node LOG ARGS...: one `ray start`, twice if the first fails to join
-  local log=$1 expected=$(( ${#pids[@]} + 1 )); shift
+  local log=$1; shift
   for attempt in 1 2; do
     ray start "$@" "${node_flags[@]}" >"$log" 2>&1 &
     pids+=($!)
-    wait_for_nodes "$expected" "$!" && return 0
+    started "$log" "$!" && return 0
     echo "local_cluster.sh: a node did not start (attempt $attempt), log $log:" >&2
     tail -n 3 "$log" >&2
   done

@@ -1,23 +1,30 @@
 """The Ray cluster a stage runs on, and the storage its runs checkpoint to.
 
-:func:`ray_cluster` joins, in this order:
+:func:`ray_cluster` joins only the cluster the user named:
 
-1. the cluster ``$RAY_ADDRESS`` names (``infra/local_cluster.sh``, a KubeRay job, any
-   driver started with ``ray job submit``);
-2. the Ray instance already running on this machine, the one ``ray start`` recorded and a
-   plain ``ray.init()`` finds: the head node of a cluster launched with ``ray up``, where
-   ``ray exec ... 'dvc repro'`` runs without ``RAY_ADDRESS``;
-3. otherwise a private single-node cluster bound to 127.0.0.1 with a GCS port it picks,
+1. ``$RAY_ADDRESS``: a cluster's address (``infra/local_cluster.sh``, a KubeRay job, any
+   driver started with ``ray job submit``), or ``auto``, Ray's name for the instance
+   ``ray start`` recorded on this machine (the head of a ``ray up`` cluster, where the
+   project's launcher configs export ``RAY_ADDRESS=auto``);
+2. otherwise a private single-node cluster bound to 127.0.0.1 with a GCS port it picks,
    exported to every Ray process it starts (Ray's own helpers, such as Train's
    placement-group cleaner, otherwise auto-detect "the" cluster and fail when another one
    runs on the same machine).
 
+An address on 127.0.0.1 is joined on loopback (Ray would swap it for this machine's network
+address, where a node started with ``--node-ip-address=127.0.0.1`` does not listen).
+
+A Ray instance that merely runs on the machine is never joined without ``RAY_ADDRESS``: on
+a shared workstation or a CI runner it may be anyone's (another user's, another test's),
+and a training placed there would run on, and be lost with, a cluster nobody meant. The
+private cluster's line names such an instance and how to join it (``RAY_ADDRESS=auto``).
+
 The first line a stage prints about Ray says which (:data:`JOINED`). Token authentication
-follows Ray's own rule: the instance running on this machine is joined as ``ray.init()``
-joins it (``address="auto"``), which turns token auth on when ``~/.ray/auth_token`` exists
-(``ray start`` enables it when a token exists, Ray >= 2.59); a cluster named by
-``$RAY_ADDRESS`` needs ``RAY_AUTH_MODE=token`` and its token (``RAY_AUTH_TOKEN`` or
-``RAY_AUTH_TOKEN_PATH``) set explicitly, as ``infra/local_cluster.sh`` does.
+follows Ray's own rule: ``RAY_ADDRESS=auto`` joins as ``ray.init(address="auto")`` does,
+which turns token auth on when ``~/.ray/auth_token`` exists (``ray start`` enables it when
+a token exists, Ray >= 2.59); an explicit address needs ``RAY_AUTH_MODE=token`` and its
+token (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``) set, as ``infra/local_cluster.sh``
+does.
 
 Storage: runs and checkpoints live under ``train.placement.storage_path``, else
 ``$HIERTX_STORAGE_PATH``, else ``<project>/runs/ray``. A multi-node run needs a path every
@@ -41,6 +48,7 @@ from pipeline.errors import ConfigError
 
 STORAGE_ENV = "HIERTX_STORAGE_PATH"
 ADDRESS_ENV = "RAY_ADDRESS"
+AUTO = "auto"  # RAY_ADDRESS=auto: the instance `ray start` recorded on this machine
 DEFAULT_STORAGE = Path("runs") / "ray"
 JOINED = "ray:"  # the prefix of the line that says which cluster a stage runs on
 # How long a training waits for its workers' resources before Ray Train gives the attempt
@@ -67,8 +75,9 @@ def use_gpu(placement: PlacementParams) -> bool:
 
 
 def running_instance() -> str | None:
-    """The address of the Ray instance ``ray start`` left running on this machine (the one
-    a plain ``ray.init()`` joins), or None: none was started, or it has stopped."""
+    """The address of the Ray instance ``ray start`` recorded on this machine (the one
+    ``RAY_ADDRESS=auto`` and a plain ``ray.init()`` join), or None: none was started, or it
+    has stopped. Whose it is, nothing says: :func:`ray_cluster` joins it only when asked."""
     from ray._private import services, utils
 
     address = utils.read_ray_address()
@@ -145,10 +154,23 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, and none of the fixed ports Ray's components take by
+    default: Ray refuses a port given to two of them (a dashboard port drawn at random once
+    hit 52365, its agent's default, and the private cluster did not start)."""
+    from ray._private import ray_constants
+
+    defaults = {
+        ray_constants.DEFAULT_PORT,
+        ray_constants.DEFAULT_DASHBOARD_PORT,
+        ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT,
+    }
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in defaults:
+            return port
 
 
 def _say(line: str) -> None:
@@ -157,27 +179,35 @@ def _say(line: str) -> None:
 
 @contextlib.contextmanager
 def ray_cluster(num_cpus: int | None = None) -> Iterator[None]:
-    """Join the cluster this stage runs on, or start a private one, for the block (module
-    docstring). Reuses an already initialised Ray."""
+    """Join the cluster ``$RAY_ADDRESS`` names, or start a private one, for the block
+    (module docstring). Reuses an already initialised Ray."""
     import ray
 
     if ray.is_initialized():
         yield
         return
     address = os.environ.get(ADDRESS_ENV)
-    how = f"joined the cluster at {address} (${ADDRESS_ENV})"
-    if not address:
-        address = running_instance()
-        how = f"joined the Ray instance running on this machine at {address} (ray start)"
     queue = {QUEUE_TIMEOUT_ENV: os.environ.get(QUEUE_TIMEOUT_ENV, QUEUE_TIMEOUT_S)}
     if not address:
         with _environment(queue), _private_cluster(num_cpus):
             yield
         return
-    with _environment(queue):
-        # "auto" for the running instance: Ray enables token auth for it when a token exists
-        ray.init(address=os.environ.get(ADDRESS_ENV, "auto"), log_to_driver=True)
-        _say(f"{how}: {_describe_cluster()}")
+    how = f"(${ADDRESS_ENV})"
+    if address == AUTO:
+        if not (found := running_instance()):
+            raise ConfigError(
+                ADDRESS_ENV,
+                f"{AUTO} joins the Ray instance `ray start` left on this machine, and none "
+                f"runs here: start one (`ray start --head`), name a cluster's address, or "
+                f"unset {ADDRESS_ENV} for a private cluster",
+            )
+        how = f"(${ADDRESS_ENV}={AUTO}: the Ray instance `ray start` left on this machine)"
+        address = found
+    on_loopback = _loopback() if _is_loopback(address) else contextlib.nullcontext()
+    with _environment(queue), on_loopback:
+        # "auto" as Ray reads it: Ray enables token auth for it when a token exists
+        ray.init(address=os.environ[ADDRESS_ENV], log_to_driver=True)
+        _say(f"joined the cluster at {address} {how}: {_describe_cluster()}")
         try:
             yield
         finally:
@@ -208,37 +238,57 @@ def _describe_cluster() -> str:
     return f"{len(nodes)} nodes, {resources.get('CPU', 0):g} CPUs, {gpus} GPUs"
 
 
+def _is_loopback(address: str) -> bool:
+    return address.rsplit(":", 1)[0].strip("[]") in ("127.0.0.1", "localhost", "::1")
+
+
+@contextlib.contextmanager
+def _loopback() -> Iterator[None]:
+    """Ray on 127.0.0.1 for the block: every Ray process this one starts reads the env
+    var; this process, which imported Ray before, the flag. Otherwise Ray binds to the
+    machine's network address, and swaps a cluster address of 127.0.0.1 for that address,
+    where a node bound to loopback does not listen (a join then retries for many minutes)."""
+    from ray._private import ray_constants
+
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        with _environment({ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}):
+            yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+
+
 @contextlib.contextmanager
 def _private_cluster(num_cpus: int | None) -> Iterator[None]:
     import ray
-    from ray._private import ray_constants
 
-    port = _free_port()
-    env = {
-        ADDRESS_ENV: f"127.0.0.1:{port}",
-        "RAY_GCS_SERVER_PORT": str(port),
-        # read by every Ray process: bind to 127.0.0.1 only
-        ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0",
-    }
-    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray before the env var
-    try:
-        with _environment(env):
-            ray.init(
-                address="local",
-                num_cpus=num_cpus,
-                include_dashboard=True,  # Tune/Train clean-up uses the state API it serves
-                dashboard_host="127.0.0.1",
-                dashboard_port=_free_port(),
-                log_to_driver=True,
+    running = running_instance()  # not joined: the line below names it
+    port = free_port()
+    env = {ADDRESS_ENV: f"127.0.0.1:{port}", "RAY_GCS_SERVER_PORT": str(port)}
+    with _environment(env), _loopback():
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=True,  # Tune/Train clean-up uses the state API it serves
+            dashboard_host="127.0.0.1",
+            dashboard_port=free_port(),
+            log_to_driver=True,
+        )
+        try:
+            _say(
+                f"started a private cluster at 127.0.0.1:{port} (no ${ADDRESS_ENV}): "
+                f"{_describe_cluster()}{_not_joined(running)}"
             )
-            try:
-                _say(
-                    f"started a private cluster at 127.0.0.1:{port} (no ${ADDRESS_ENV}, no "
-                    f"Ray running here): {_describe_cluster()}"
-                )
-                yield
-            finally:
-                ray.shutdown()
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+            yield
+        finally:
+            ray.shutdown()
+
+
+def _not_joined(running: str | None) -> str:
+    if not running:
+        return ""
+    return (
+        f"; not the Ray instance `ray start` left on this machine at {running}, which may be "
+        f"anyone's: {ADDRESS_ENV}={AUTO} joins it"
+    )

@@ -12,8 +12,8 @@ machine, five idle); a training in the stage's own process (``num_workers: 0``) 
   every stage through ``RAY_ADDRESS``. Ray then assigns distinct GPU ids to concurrent
   trainings and packs fractions (``train.placement.gpus_per_worker: 0.25``: four to a
   GPU) without going over one GPU; what does not fit waits. It is not started where
-  ``RAY_ADDRESS`` names a cluster or a Ray instance already runs here: the stages join
-  that one. Ray counts the GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible and hands out
+  ``RAY_ADDRESS`` names a cluster: the stages join that one. Ray counts the GPUs
+  ``CUDA_VISIBLE_DEVICES`` leaves visible and hands out
   their real ids.
 * :func:`gpu_lease`: a stage that computes in its own process (``num_workers: 0``) on a
   cluster named by ``RAY_ADDRESS`` first takes its GPU share (``gpus_per_worker``) from Ray
@@ -40,7 +40,6 @@ from pipeline.cluster import (
     _environment,
     _free_port,
     ray_cluster,
-    running_instance,
 )
 from pipeline.config import PlacementParams
 
@@ -68,8 +67,9 @@ def local_gpus() -> int:
 def wants_instance(jobs: int) -> bool:
     """Whether ``pipeline.repro --jobs jobs`` starts a Ray instance for its stages: this
     machine has GPUs, several stages run at once or several GPUs are here, and there is no
-    cluster to join (``RAY_ADDRESS`` or a running instance)."""
-    if os.environ.get(ADDRESS_ENV) or running_instance():
+    cluster to join (``RAY_ADDRESS``; a Ray instance merely running here is not joined
+    unasked, ``pipeline.cluster``)."""
+    if os.environ.get(ADDRESS_ENV):
         return False
     gpus = local_gpus()
     return gpus > 0 and (jobs > 1 or gpus > 1)
@@ -176,9 +176,9 @@ class _GpuShare:
 def gpu_lease(placement: PlacementParams) -> Iterator[str | None]:
     """For the block: this process computes on the GPU share Ray gave it (module docstring),
     whose id it yields; None, and nothing changed, without a cluster named by
-    ``RAY_ADDRESS``, with ``use_gpu: false``, or on a node without GPUs. Must come before
-    anything initialises CUDA in this process."""
-    if not os.environ.get(ADDRESS_ENV) or placement.use_gpu is False:
+    ``RAY_ADDRESS``, with ``use_gpu: false``, or on a machine without GPUs (then no Ray
+    is joined at all). Must come before anything initialises CUDA in this process."""
+    if not os.environ.get(ADDRESS_ENV) or placement.use_gpu is False or not local_gpus():
         yield None
         return
     import ray

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,46 @@ def shared_data() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[dict[str, str]]:
+    """The session's Ray instance (``tests.ray_head``): the environment that joins it."""
+    from tests.ray_head import ray_head as started
+
+    with started() as join:
+        yield join
+
+
+@pytest.fixture
+def on_ray_head(ray_head: dict[str, str]) -> Iterator[None]:
+    """``$RAY_ADDRESS`` and its token name the session's Ray instance for the test: what it
+    runs on Ray (``pipeline.cluster.ray_cluster``) joins that instead of starting its own.
+    Mark such tests ``xdist_group("cluster")``: one pytest-xdist worker runs them all."""
+    from tests.ray_head import joining
+
+    with joining(ray_head):
+        yield
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` on pytest >= 9.2: pytest-xdist (3.8) groups an item by appending
+    ``@<group>`` to ``item._nodeid``, which pytest 9.2 no longer reads (its node ids are
+    structured: ``item._id``), so each ``xdist_group`` was silently spread over all workers.
+    Where xdist's suffix did not take, it is set here, as xdist sets it."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        groups = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
+        )
+        suffix = f"@{'_'.join(groups)}"
+        if groups and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
 
 
 _EXIT_STATUS: list[int] = []

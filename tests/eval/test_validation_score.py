@@ -197,7 +197,10 @@ def test_a_run_selected_on_the_score_records_it(project, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_search_on_the_score_records_its_best_trials_score(project, tmp_path, capsys):
+@pytest.mark.xdist_group("cluster")
+def test_a_search_on_the_score_records_its_best_trials_score(
+    project, tmp_path, capsys, on_ray_head
+):
     from pipeline.train.tuning import tune_run
 
     root = tmp_path / "p"

@@ -1,22 +1,33 @@
-"""``make repro JOBS=2`` on a real multi-node Ray cluster (``infra/local_cluster.sh``: a
-head with no CPUs for trainings and two worker nodes with one CPU each, so two training
-slots), as the README tells a user to run it:
+"""A real multi-node Ray cluster (``infra/local_cluster.sh``: a head with no CPUs for
+trainings and two worker nodes with one CPU each, so two training slots), started once for
+this module as a user starts it, and the commands a user runs on it
+(:class:`tests.infra.local_cluster.LocalCluster` runs them inside the script's network
+namespace), in this order:
 
-- trainings overlap, as MLflow's metric timestamps show, never more than the slots;
-- every seed's weights are ``torch.equal`` to a serial run's (``dvc repro`` one stage at a
-  time, seeds on a private cluster) and no MLflow run, metric or registered version is
-  lost to the concurrent writers of the one ``sqlite:`` store;
-- ``dvc status`` is clean afterwards and a second ``make repro`` runs nothing;
-- a worker node killed (its raylet, by PID) in the middle of a training: the run resumes
-  from its last checkpoint on another node and ends with the serial run's weights.
+- a DDP job across two nodes (``infra/smoke_ddp.py``: one rank per node, all-reduced
+  gradients agree), and the probe that guards a multi-node run (every node sees a folder of
+  the shared disk, none a folder private to the driver);
+- ``make repro JOBS=2`` as the README tells a user to run it: trainings overlap, as
+  MLflow's metric timestamps show, never more than the slots; every seed's weights are
+  ``torch.equal`` to a serial run's (``dvc repro`` one stage at a time, in-process:
+  ``num_workers: 0``, which ``tests/train/test_distributed.py`` shows a 1-worker Ray run
+  equals, and this test shows again for these models and seeds); no MLflow run, metric or
+  registered version is lost to the concurrent writers of the one ``sqlite:`` store;
+  ``dvc status`` is clean afterwards and a second ``make repro`` runs nothing;
+- last, as it costs the cluster a node: a worker node killed (its raylet, found under the
+  script's own processes) in the middle of a training: the run resumes from its last
+  checkpoint on another node and ends with the serial run's weights.
+
+When the module ends, the script stops the cluster: none of its processes is left.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -26,6 +37,7 @@ import pytest
 import torch
 
 from pipeline.artifacts import SavedModel
+from tests.infra.local_cluster import REPO, Command, LocalCluster, alive, cmdline, parent
 from tests.test_pipeline import (
     DVC,
     USER_PATH,
@@ -38,10 +50,14 @@ from tests.test_pipeline import (
     user_env,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.xdist_group("cluster"),
+    pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare"),
+]
 
 SLOTS = 2  # two worker nodes with one CPU each; each training takes one CPU
-CLUSTER = ["infra/local_cluster.sh", "--workers", "2", "--cpus", "1", "--head-cpus", "0", "--"]
+NODES = ["--workers", "2", "--cpus", "1", "--head-cpus", "0"]
 PARAMS: dict[str, object] = {
     "train.runs": {
         "transformer-chitchat": {"model": "transformer", "corpus": "chitchat"},
@@ -61,17 +77,21 @@ TRAIN_STAGES = ["train@transformer-chitchat", "train@gpt-chitchat", "train_tuned
 RUNS = ["transformer-chitchat", "gpt-chitchat", "hier-chitchat"]
 
 
-def project(root: Path) -> dict[str, str]:
-    """A fresh copy with :data:`PARAMS`; the environment of a user who activated the venv
-    (``infra/local_cluster.sh`` runs ``ray``), with an MLflow store of its own."""
+def project(root: Path, **params: object) -> dict[str, str]:
+    """A fresh copy with :data:`PARAMS` (and ``params``, dotted keys); the environment of a
+    user who activated the venv (``infra/local_cluster.sh`` runs ``ray``), with an MLflow
+    store of its own."""
     if sys.prefix == sys.base_prefix:
         pytest.skip("needs the project's venv (run through `make test`)")
     fresh_copy(root)
-    for key, value in PARAMS.items():
+    for key, value in (PARAMS | params).items():
         edit_params(root, key, value)
     mlflow_db = root.parent / f"{root.name}-mlflow.db"
-    path = f"{VENV / 'bin'}{os.pathsep}{USER_PATH}"
-    return user_env(mlflow_db, path) | {"OMP_NUM_THREADS": "1"}
+    return user_env(mlflow_db, venv_path()) | {"OMP_NUM_THREADS": "1"}
+
+
+def venv_path() -> str:
+    return f"{VENV / 'bin'}{os.pathsep}{USER_PATH}"
 
 
 def seed_weights(root: Path) -> dict[str, dict[str, torch.Tensor]]:
@@ -86,13 +106,72 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
-    """The weights of the serial run: each train stage in turn, no cluster running."""
+    """The weights of the serial run: each train stage in turn, in-process
+    (``num_workers: 0``), no cluster involved."""
     root = tmp_path_factory.mktemp("serial") / "p"
-    env = project(root)
-    run(root, env, DVC, "repro", *TRAIN_STAGES)
+    env = project(root, **{"train.scale.num_workers": 0})
+    output = run(root, env, DVC, "repro", *TRAIN_STAGES)
+    assert "in this process" in output  # the train stages' line: no Ray Train workers
     weights = seed_weights(root)
     assert len(weights) == 2 * len(RUNS), sorted(weights)
     return weights
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The module's cluster, up until its last test has run; then stopped, and every
+    process the script started checked gone."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("needs the project's venv (run through `make test`)")
+    folder = tmp_path_factory.mktemp("cluster")
+    # the script runs the `ray` CLI of the environment the user activated
+    started = LocalCluster(folder, NODES, os.environ | {"PATH": venv_path()}).start()
+    assert "local_cluster.sh: 3 nodes up at 127.0.0.1:6380" in started.log
+    yield started
+    left = started.stop()
+    assert not left, f"processes of the cluster outlived the script: {left}"
+    assert not started.workdir.exists(), "the script left its folder behind"
+
+
+def whole(cluster: LocalCluster) -> LocalCluster:
+    """The cluster with its three nodes: the killed-node test, which costs one, runs last."""
+    assert not cluster.lost_a_node, "a node was killed by an earlier test"
+    return cluster
+
+
+# pipeline.cluster.unshared with every node counted as remote (they all are 127.0.0.1 here),
+# on a folder of the shared disk, then on one over which the probing process alone (its own
+# mount namespace) mounts a tmpfs: the nodes see the empty folder beneath, not the probe.
+PROBE = """
+import json, os, sys
+from pathlib import Path
+import ray
+from pipeline import cluster
+ray.init(address=os.environ["RAY_ADDRESS"])
+cluster._remote = lambda: [(n["NodeID"], "127.0.0.1") for n in ray.nodes() if n["Alive"]]
+shared, private = cluster.unshared(Path(sys.argv[1])), cluster.unshared(Path(sys.argv[2]))
+print("PROBE " + json.dumps({"shared": shared, "private": sorted(set(private))}))
+"""
+
+
+def test_ddp_places_one_worker_per_node_and_the_probe_sees_what_nodes_share(
+    tmp_path: Path, cluster: LocalCluster
+) -> None:
+    smoke = [sys.executable, str(REPO / "infra" / "smoke_ddp.py"), "--storage", str(tmp_path)]
+    private = tmp_path / "private"
+    private.mkdir()
+    probe = [sys.executable, "-c", PROBE, str(tmp_path), str(private)]
+    mounted = f"mount --make-rprivate / && mount -t tmpfs tmpfs {private} && {shlex.join(probe)}"
+    script = f"{shlex.join(smoke)} && unshare -m bash -c {shlex.quote(mounted)}"
+    output = whole(cluster).run(REPO, cluster.env, "bash", "-c", script, timeout_s=900)
+    line = next(x for x in output.splitlines() if x.startswith("SMOKE "))
+    result = json.loads(line.removeprefix("SMOKE "))
+    assert result["world_size"] == 2
+    assert len(result["nodes"]) == 2, "STRICT_SPREAD must put the two ranks on two nodes"
+    assert result["grads_agree"]
+    # every node sees a folder of the shared disk, none sees one of this process's private /tmp
+    line = next(x for x in output.splitlines() if x.startswith("PROBE "))
+    assert json.loads(line.removeprefix("PROBE ")) == {"shared": [], "private": ["127.0.0.1"]}
 
 
 def training_intervals(tracking_uri: str) -> list[tuple[float, float]]:
@@ -121,12 +200,12 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
 
 
 def test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run(
-    tmp_path: Path, serial: dict[str, dict[str, torch.Tensor]]
+    tmp_path: Path, cluster: LocalCluster, serial: dict[str, dict[str, torch.Tensor]]
 ) -> None:
     root = tmp_path / "p"
     env = project(root)
     make = ["make", "-o", str(VENV / ".installed"), f"VENV={VENV}", "repro"]
-    output = run(root, env, *CLUSTER, *make, "JOBS=2")
+    output = whole(cluster).run(root, env, *make, "JOBS=2")
     assert "ray: joined the cluster at 127.0.0.1:6380 ($RAY_ADDRESS)" in output
     assert "started a private cluster" not in output
 
@@ -150,23 +229,30 @@ def test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run(
     assert not ran(again), again[-2000:]
 
 
-def _kill_a_worker_node_after_a_checkpoint(process: subprocess.Popen, storage: Path) -> int:
+def _kill_a_worker_node_after_a_checkpoint(
+    cluster: LocalCluster, command: Command, storage: Path
+) -> int:
     """Wait until Ray Train has registered a checkpoint of both transformer seeds (one per
     worker node), then SIGKILL the raylet of the node of one of them; the raylet's PID.
+    Only the cluster's own processes are searched: other Ray instances on the machine
+    (other tests', other users') are not touched.
 
     A checkpoint folder exists before the controller records it (in its snapshot); a
     node killed in between restarts that seed from step 0, which tests nothing."""
     deadline = time.monotonic() + 600
     while sum(map(_registered, storage.glob("train-transformer-chitchat-*"))) < 2:
-        assert process.poll() is None, "the training ended before a node could be killed"
+        assert command.poll() is None, "the training ended before a node could be killed"
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    for worker in pids("ray::RayTrainWorker"):
+    for worker in sorted(cluster.processes()):
+        if not cmdline(worker).startswith("ray::RayTrainWorker"):
+            continue
         raylet = parent(worker)
-        if raylet and "raylet" in Path(f"/proc/{raylet}/cmdline").read_text(errors="replace"):
+        if raylet and "raylet" in cmdline(raylet):
             os.kill(raylet, signal.SIGKILL)
+            cluster.lost_a_node = True
             return raylet
-    raise AssertionError("no Ray Train worker under a raylet")
+    raise AssertionError("no Ray Train worker under a raylet of the cluster")
 
 
 def _registered(run: Path) -> bool:
@@ -177,40 +263,16 @@ def _registered(run: Path) -> bool:
     return snapshot.get("latest_checkpoint_result") is not None
 
 
-def pids(pattern: str) -> Iterator[int]:
-    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
-    yield from (int(p) for p in found.stdout.split())
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie, killed and not yet reaped, is not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def parent(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
 def test_a_killed_worker_node_resumes_to_the_serial_weights(
-    tmp_path: Path, serial: dict[str, dict[str, torch.Tensor]]
+    tmp_path: Path, cluster: LocalCluster, serial: dict[str, dict[str, torch.Tensor]]
 ) -> None:
     root = tmp_path / "p"
     env = project(root)
-    process = subprocess.Popen(
-        [*CLUSTER, DVC, "repro", "train@transformer-chitchat"], cwd=root, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    killed = _kill_a_worker_node_after_a_checkpoint(process, root / "runs" / "ray")
-    output, _ = process.communicate(timeout=900)
-    (tmp_path / "output.log").write_text(output)
-    assert process.returncode == 0, output[-5000:]
+    command = whole(cluster).popen(root, env, DVC, "repro", "train@transformer-chitchat")
+    killed = _kill_a_worker_node_after_a_checkpoint(cluster, command, root / "runs" / "ray")
+    status = command.wait(900)
+    output = command.output
+    assert status == 0, output[-5000:]
     assert not alive(killed)
     assert "resumed from the checkpoint of step" in output, output[-3000:]
 

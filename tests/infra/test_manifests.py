@@ -26,6 +26,9 @@ def test_cluster_launcher_configs_match_rays_schema(name: str) -> None:
     assert any("hiertx" in cmd for cmd in config["setup_commands"])
     # the dashboard (job submission endpoint) stays on loopback: reach it through `ray dashboard`
     assert all("0.0.0.0" not in cmd for cmd in config["head_start_ray_commands"])
+    # a stage joins only the cluster RAY_ADDRESS names: the head's stages are given this one
+    exported = "export RAY_ADDRESS=${RAY_ADDRESS:-auto}"
+    assert any(exported in cmd for cmd in config["head_setup_commands"])
 
 
 def _containers(pod_template: dict) -> list[dict]:

@@ -5,13 +5,15 @@ no intact checkpoint) reaches the stage as itself."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
-from pipeline.cluster import ray_cluster, storage_path, use_gpu
+from pipeline import cluster as cluster_module
+from pipeline.cluster import free_port, ray_cluster, storage_path, use_gpu
 from pipeline.config import PlacementParams, RunParams
 from pipeline.errors import DataError, TrainingDiverged
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
@@ -20,9 +22,10 @@ from pipeline.train.loop import TrainJob
 from tests.train.helpers import DivergingFactory, PoolFactory, ToyFactory
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with ray_cluster(num_cpus=2):
+@pytest.fixture
+def cluster(on_ray_head: None) -> Iterator[None]:
+    """The session's Ray instance (2 CPUs, ``tests/conftest.py``), joined for the test."""
+    with ray_cluster():
         yield
 
 
@@ -61,6 +64,26 @@ def test_storage_path_is_absolute(tmp_path, monkeypatch):
     )
 
 
+def test_a_free_port_is_none_of_rays_default_ports(monkeypatch):
+    drawn = iter([52365, 8265, 6379, 40123])  # what the OS hands out, in turn
+
+    class Socket:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def bind(self, address):
+            self.port = next(drawn)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(cluster_module.socket, "socket", Socket)
+    assert free_port() == 40123
+
+
 def test_workers_take_a_gpu_as_params_say_else_when_there_is_one():
     assert use_gpu(PlacementParams(use_gpu=True)) is True
     assert use_gpu(PlacementParams(use_gpu=False)) is False
@@ -90,6 +113,7 @@ def _checkpoints(storage: Path, name: str) -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")
 def test_two_workers_match_one_and_ray_matches_local(tmp_path, cluster):
     job = _job(tmp_path, "local")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -122,6 +146,7 @@ def test_two_workers_match_one_and_ray_matches_local(tmp_path, cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")
 def test_a_torn_newest_ray_checkpoint_resumes_from_the_one_before(tmp_path, cluster):
     job = replace(_job(tmp_path, "torn"), restart="rm -r <run> && dvc repro train@toy")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -140,6 +165,7 @@ def test_a_torn_newest_ray_checkpoint_resumes_from_the_one_before(tmp_path, clus
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")
 def test_no_intact_ray_checkpoint_fails_saying_how_to_start_over(tmp_path, cluster):
     job = replace(_job(tmp_path, "torn"), restart="rm -r <run> && dvc repro train@toy")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -159,6 +185,7 @@ def test_no_intact_ray_checkpoint_fails_saying_how_to_start_over(tmp_path, clust
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")
 def test_a_diverged_ray_run_fails_with_its_own_error(tmp_path, cluster):
     job = replace(_job(tmp_path, "nan"), model=DivergingFactory(at=2, what="loss"))
     with pytest.raises(TrainingDiverged, match="nan diverged at step 2: the training loss"):

@@ -96,7 +96,10 @@ def test_per_head_needs_the_searched_heads_and_integer_sizes():
 
 
 @pytest.mark.slow
-def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, monkeypatch, capsys):
+@pytest.mark.xdist_group("cluster")
+def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(
+    project, monkeypatch, capsys, on_ray_head
+):
     uri = f"sqlite:///{project / 'mlflow-tune.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     raw = stage_params()
@@ -168,7 +171,8 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(project, m
 
 
 @pytest.mark.slow
-def test_a_search_on_a_score_keeps_its_highest_trial(project, tmp_path):
+@pytest.mark.xdist_group("cluster")
+def test_a_search_on_a_score_keeps_its_highest_trial(project, tmp_path, on_ray_head):
     """``select_by`` a score: Optuna and ASHA maximise it and the record holds the best
     trial's (here a score that grows with the model: the widest trial must win)."""
     from pipeline.cluster import ray_cluster
