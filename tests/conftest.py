@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import projects
 from tests.batches import shared_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,6 +27,18 @@ def shared_data() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session")
+def tokenized_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh copy at ``profiles/tiny.yaml`` in which ``dvc repro`` ran check, download
+    and tokenize (``tests.projects.tokenized_tiny``): built once per test run, the xdist
+    workers sharing it. Take a ``tests.projects.copy_tokenized`` of it; never write into it.
+    """
+    base = tmp_path_factory.getbasetemp()
+    # a worker's basetemp is <the run's basetemp>/popen-gw<N>: the run's is shared by all
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return projects.tokenized_tiny(shared)
 
 
 _EXIT_STATUS: list[int] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_pipeline import DVC, USER_PATH, VENV, dvc_json, fresh_copy, run, user_env
+from tests.projects import DVC, USER_PATH, VENV, dvc_json, fresh_copy, run, user_env
 
 
 @pytest.mark.slow
