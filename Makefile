@@ -44,7 +44,8 @@ compare: setup  ## the runs' key metrics side by side, a table per task (REV=mai
 # with one torch/OpenMP thread; `--dist loadgroup` keeps the tests of one
 # @pytest.mark.xdist_group on one worker, one after another (tests/timing.py: which start first).
 TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
-PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
+	--dist loadgroup --no-loadscope-reorder
 
 # Every test's time and each file's total are printed at the end; a test over 60 s that
 # tests/timing.py does not declare fails the run. On CI ($$CI set) a skip is a failure.

@@ -1,7 +1,9 @@
 """The rules ``make test`` runs the suite under (``tests/conftest.py``, ``tests/timing.py``),
 checked on a small suite of their own run the way ``make test`` runs it (xdist, CI=true):
 a skip on CI is a failure; a test over the time limit that ``OVER_A_MINUTE`` does not
-declare fails the run, one it declares does not and starts first; a shared fixture over
+declare fails the run, one it declares does not and starts first, the rest of its xdist
+group right after it (``timing.keep_xdist_groups``: xdist 3.8 on pytest 9.2 would split
+the group, pytest-dev/pytest-xdist#1386); a shared fixture over
 the limit is named, not the test that set it up; every test's time and each file's total
 are printed; only the process pytest was started in ends with ``os._exit``.
 """
@@ -37,8 +39,13 @@ def test_over_the_limit():
     time.sleep(1.1)
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("heavy")
 def test_declared():
     time.sleep(1.1)
+
+@pytest.mark.xdist_group("heavy")
+def test_grouped_with_it():
+    pass
 """
 # The project's hooks, as tests/conftest.py defines them, and one declared test.
 CONFTEST = """
@@ -62,8 +69,10 @@ def rules(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
     monkeypatch.setenv("PYTHONPATH", pythonpath)
     monkeypatch.setenv("CI", "true")
     monkeypatch.delenv("HIERTX_TEST_TEARDOWN", raising=False)
-    options = ["-n", "1", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"]
-    return pytester.runpytest_subprocess(*options, "--time-report", "--time-limit", "1")
+    options = ["-n", "1", "--dist", "loadgroup", "--no-loadscope-reorder", "-v"]
+    return pytester.runpytest_subprocess(
+        *options, "-p", "no:cacheprovider", "--time-report", "--time-limit", "1"
+    )
 
 
 @pytest.mark.slow  # a pytest of its own with an xdist worker: a few seconds
@@ -72,20 +81,21 @@ def test_make_tests_rules_hold_on_a_small_suite(rules: pytest.RunResult) -> None
     assert rules.ret == pytest.ExitCode.TESTS_FAILED, out
     # the skip: failed, its reason given
     assert "skipped, which CI (CI=true) does not allow: Skipped: no widget here" in out
-    rules.assert_outcomes(passed=3, failed=1)
+    rules.assert_outcomes(passed=4, failed=1)
     # the time limit: the undeclared slow test named with its phases, the declared one not
     over = out.split("not in tests/timing.py's OVER_A_MINUTE", 1)[1]
     assert re.search(r"test_rules.py::test_over_the_limit: 1\.\d s \(setup", over), out
     assert re.search(r"test_rules.py::shared \(a shared fixture\): 1\.\d s to set up", over)
     assert "test_declared" not in over and "\ntest_rules.py::test_quick:" not in over
-    # the declared test started first on the worker
+    # the declared test started first on the worker, its xdist group with it
     started = re.findall(r"\[gw0\] \[\s*\d+%\] \w+ (test_rules.py::\w+)", out)
-    assert started[0] == "test_rules.py::test_declared", out
+    assert started[:2] == ["test_rules.py::test_declared", "test_rules.py::test_grouped_with_it"]
     # every test's time, each file's total
     times = out.split("every test's time", 1)[1]
     for name in ("test_quick", "test_skips", "test_over_the_limit", "test_declared"):
+        name += "@heavy" if name == "test_declared" else ""
         assert re.search(rf"\d+\.\d\d s  test_rules.py::{name}\b", times), name
-    assert re.search(r"\d+\.\d s +4 tests  test_rules.py\n", times), out
+    assert re.search(r"\d+\.\d s +5 tests  test_rules.py\n", times), out
     # the worker ended through execnet, not os._exit: no crashed or replaced worker
     assert "crashed" not in out and "replacing" not in out
 
@@ -137,3 +147,15 @@ def test_only_the_process_pytest_started_in_ends_with_os_exit(monkeypatch) -> No
     with pytest.raises(Exited) as exited:
         conftest.pytest_unconfigure(Config())
     assert exited.value.args == (3,)
+
+
+def test_every_declared_slow_test_exists() -> None:
+    """A renamed or deleted test leaves no entry behind in ``OVER_A_MINUTE``."""
+    stale = []
+    for key in timing.OVER_A_MINUTE:
+        path, _, name = key.partition("::")
+        source = REPO / path
+        function = f"def {name.split('[')[0]}("
+        if not source.is_file() or (name and function not in source.read_text()):
+            stale.append(key)
+    assert not stale

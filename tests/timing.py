@@ -9,7 +9,9 @@
   (or to wait for, built by another worker): those are checked on their own, by name, so
   the verdict does not depend on which test ran first.
 - Under xdist, the tests of :data:`OVER_A_MINUTE` start first, in its order (the longest
-  last to start is what makes a parallel run long); in one process the order is pytest's.
+  last to start is what makes a parallel run long), each with its xdist group (``make
+  test`` passes ``--no-loadscope-reorder``: xdist would put the groups with the most tests
+  first); in one process the order is pytest's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,52 @@ import pytest
 # parameters), with what it proves that a shorter test could not. Longest first: the order
 # xdist starts them in. Every one is marked ``slow`` (checked at collection). A shared
 # fixture is named "<file>::<fixture>".
-OVER_A_MINUTE: dict[str, str] = {}
+OVER_A_MINUTE: dict[str, str] = {
+    "tests/infra/test_cluster_repro.py::test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run": (  # noqa: E501
+        "make repro JOBS=2 on a three-node local Ray cluster: trainings overlap up to the "
+        "slots, every seed's weights equal a serial run's (its module fixture), no MLflow "
+        "run, metric or model version lost to concurrent writers; a second make runs nothing"
+    ),
+    "tests/test_pipeline.py::test_make_repro_as_a_user_then_compare_experiments": (
+        "the README's make repro from a fresh clone at profiles/tiny.yaml, from a shell "
+        "without the venv: every stage, tune included, then a DVC experiment compared with "
+        "exp show, metrics/params/plots diff, make compare, and what invalidates what"
+    ),
+    "tests/infra/test_cluster_repro.py::test_a_killed_worker_node_resumes_to_the_serial_weights": (
+        "a worker node's raylet killed mid-training: the run resumes from its checkpoint "
+        "on the other node and ends with the serial run's weights"
+    ),
+    "tests/test_custom_profile.py::test_custom_profile_from_a_fresh_clone": (
+        "profiles/custom.yaml from a fresh clone: a chat_jsonl corpus of the user's declared, "
+        "downloaded, tokenized; four models trained and evaluated; the report's own tables; "
+        "editing the file puts exactly its stages out of date"
+    ),
+    "tests/test_results_follow_code.py::test_kill_9_then_repro_resumes_to_the_uninterrupted_weights": (  # noqa: E501
+        "kill -9 mid-training, then dvc repro resumes to the weights of an uninterrupted "
+        "run (two trainings of 120 steps); a torn checkpoint falls back to the one before; "
+        "none intact: the stage says how to start over, and that works"
+    ),
+    "tests/infra/test_fractional_gpus.py::test_gpus_per_worker_packs_n_trainings_onto_one_gpu": (
+        "gpus_per_worker 1/N on a Ray instance with one GPU: N Ray Train runs share it at "
+        "once, the (N+1)-th waits for one of them"
+    ),
+    "tests/infra/test_join_cluster.py::test_a_train_stage_joins_the_ray_instance_running_here": (
+        "on a node where `ray start --head` runs (a private network namespace), a train "
+        "stage's training runs on that cluster, not on a private one"
+    ),
+    "tests/infra/test_local_cluster.py::test_two_node_cluster_places_one_worker_per_node": (
+        "infra/local_cluster.sh's two-node Ray cluster runs a DDP TorchTrainer across both nodes"
+    ),
+    "tests/train/test_mlflow_server.py::test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run": (  # noqa: E501
+        "an MLflow server killed mid-run: the run goes on in the local store, and "
+        "`hiertx sync-mlflow` carries it, its children and its registered model whole to the "
+        "server once it is back (two server starts, a pyfunc logged and served)"
+    ),
+    "tests/test_repro.py::test_jobs_2_trains_two_runs_at_once_in_processes_without_ray": (
+        "make repro JOBS=2 without Ray: two trainings overlap, each in its stage's process "
+        "(160 steps each, long enough to overlap)"
+    ),
+}
 # The reports' user property holding the seconds a test spent setting up shared fixtures.
 SHARED = "shared_fixture_setup_s"
 
@@ -34,7 +81,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def declared(nodeid: str) -> str | None:
-    """The :data:`OVER_A_MINUTE` entry that covers ``nodeid``, if any."""
+    """The :data:`OVER_A_MINUTE` entry that covers ``nodeid``, if any (``--dist loadgroup``
+    suffixes the ids of an xdist group's tests with ``@<group>``: left out)."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):
+        nodeid = nodeid[: nodeid.rfind("@")]
     for key in OVER_A_MINUTE:
         if nodeid == key or nodeid.startswith((f"{key}[", f"{key}::")):
             return key
@@ -71,6 +121,8 @@ class Timing:
                 "tests/timing.py's OVER_A_MINUTE lists tests not marked slow (mark them "
                 f"@pytest.mark.slow): {', '.join(unmarked)}"
             )
+        if getattr(config.option, "loadgroup", False):  # xdist workers under loadgroup
+            keep_xdist_groups(items)
         if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike
             order = {key: i for i, key in enumerate(OVER_A_MINUTE)}
             rank = {item.nodeid: order.get(declared(item.nodeid), len(order)) for item in items}
@@ -166,6 +218,22 @@ class Timing:
                 "make the test faster (share a fixture, shrink its sizes), or declare it in "
                 "OVER_A_MINUTE with what it proves"
             )
+
+
+def keep_xdist_groups(items: list) -> None:
+    """Suffix each grouped test's id with ``@<group>``, as xdist's worker means to (the
+    scheduler groups by that suffix): pytest-xdist 3.8 writes it to ``item._nodeid``, which
+    pytest 9.2 no longer reads (its ids are structured, ``item._id``), so every group would
+    be split silently (pytest-dev/pytest-xdist#1386). Does nothing where xdist did it."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        groups = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        if groups and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(groups))}")
 
 
 def fixture_file(fixturedef) -> str:
