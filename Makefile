@@ -10,7 +10,7 @@ IN_VENV := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup repro compare test lint bench
+.PHONY: setup repro compare test test-fast lint bench
 
 # torch first: its CPU wheel is pinned; a looser resolve would pull several GB of CUDA wheels.
 # An existing venv is kept (a change to pyproject.toml re-installs into it): `venv` run over
@@ -41,9 +41,21 @@ endif
 compare: setup  ## the runs' key metrics side by side, a table per task (REV=main: changes since main)
 	$(BIN)/python -m pipeline compare $(if $(REV),--rev $(REV))
 
+# The tests run on a pytest-xdist worker per core (TEST_WORKERS=0: all in one process), each
+# with one torch/OpenMP thread; `--dist loadgroup` keeps the tests of one
+# @pytest.mark.xdist_group on one worker, one after another (tests/timing.py: which start first).
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
+	--dist loadgroup --no-loadscope-reorder
+
+# Every test's time and each file's total are printed at the end; a test over 60 s that
+# tests/timing.py does not declare fails the run. On CI ($$CI set) a skip is a failure.
 test: setup  ## the layers' import contracts, then the whole test suite (slow tests included)
 	$(IN_VENV) PYTHONPATH=. $(BIN)/lint-imports
-	$(IN_VENV) $(BIN)/python -m pytest -q --durations=20
+	$(PYTEST) --time-report --time-limit 60
+
+test-fast: setup  ## the inner loop: the tests not marked slow, in parallel (CI runs `make test`)
+	$(PYTEST) -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -13,8 +13,7 @@ machine, five idle); a training in the stage's own process (``num_workers: 0``) 
   trainings and packs fractions (``train.placement.gpus_per_worker: 0.25``: four to a
   GPU) without going over one GPU; what does not fit waits. It is not started where
   ``RAY_ADDRESS`` names a cluster: the stages join that one. Ray counts the GPUs
-  ``CUDA_VISIBLE_DEVICES`` leaves visible and hands out
-  their real ids.
+  ``CUDA_VISIBLE_DEVICES`` leaves visible and hands out their real ids.
 * :func:`gpu_lease`: a stage that computes in its own process (``num_workers: 0``) on a
   cluster named by ``RAY_ADDRESS`` first takes its GPU share (``gpus_per_worker``) from Ray
   on its own node, an actor that holds it until the stage ends, and then sees that one

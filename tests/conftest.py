@@ -8,10 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from tests import projects, timing
 from tests.batches import shared_data_dir
+
+# pytester: tests/test_suite_rules.py runs these hooks on a small suite of its own
+pytest_plugins = ("pytester",)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
+
+
+def on_ci() -> bool:
+    """``$CI`` set (CI services set ``CI=true``), where a missing requirement fails."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
 @pytest.fixture(scope="session")
@@ -23,10 +32,22 @@ def shared_data() -> Path:
     path = shared_data_dir()
     if not (path / "MANIFEST.tsv").is_file():
         message = f"real corpora not found at {path}; set HIERTX_TEST_DATA to the mirror folder"
-        if os.environ.get("CI"):
+        if on_ci():
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+@pytest.fixture(scope="session")
+def tokenized_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh copy at ``profiles/tiny.yaml`` in which ``dvc repro`` ran check, download
+    and tokenize (``tests.projects.tokenized_tiny``): built once per test run, the xdist
+    workers sharing it. Take a ``tests.projects.copy_tokenized`` of it; never write into it.
+    """
+    base = tmp_path_factory.getbasetemp()
+    # a worker's basetemp is <the run's basetemp>/popen-gw<N>: the run's is shared by all
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return projects.tokenized_tiny(shared)
 
 
 @pytest.fixture(scope="session")
@@ -49,31 +70,37 @@ def on_ray_head(ray_head: dict[str, str]) -> Iterator[None]:
         yield
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``--dist loadgroup`` on pytest >= 9.2: pytest-xdist (3.8) groups an item by appending
-    ``@<group>`` to ``item._nodeid``, which pytest 9.2 no longer reads (its node ids are
-    structured: ``item._id``), so each ``xdist_group`` was silently spread over all workers.
-    Where xdist's suffix did not take, it is set here, as xdist sets it."""
-    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
-        return
-    from _pytest.nodeid import NodeId
-
-    for item in items:
-        marks = item.iter_markers("xdist_group")
-        groups = sorted(
-            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
-        )
-        suffix = f"@{'_'.join(groups)}"
-        if groups and not item.nodeid.endswith(suffix):
-            item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
+def pytest_addoption(parser: pytest.Parser) -> None:
+    timing.add_options(parser)
 
 
-_EXIT_STATUS: list[int] = []
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch/OpenMP thread per process unless ``$OMP_NUM_THREADS`` says otherwise:
+    ``make test`` runs a worker per core, and the subprocesses tests start inherit it."""
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    config.pluginmanager.register(timing.Timing(config), "hiertx-timing")
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _EXIT_STATUS.append(int(exitstatus))
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """On CI a skip is a failure: a requirement missing there (a browser, PostgreSQL, the
+    data mirror, the venv) would otherwise pass unnoticed, its guarantee unchecked."""
+    report = yield
+    if report.skipped and on_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped, which CI (CI={os.environ['CI']}) does not allow: {reason}"
+    return report
+
+
+_SESSION: list[pytest.Session] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _SESSION.append(session)
 
 
 @pytest.hookimpl(trylast=True)
@@ -84,10 +111,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     extensions whose threads outlive the tests (Ray's gRPC, torch's thread pools, Arrow's
     memory maps): that teardown once crashed with SIGSEGV after a fully green run (CI of
     stop 17: "761 passed", then "Segmentation fault", exit 139), failing CI on no test.
+    Only in the process pytest was started in: an xdist worker (``workerinput``) still
+    answers its controller after this hook, and ends through execnet.
     """
     import sys
 
-    if _EXIT_STATUS and os.environ.get("HIERTX_TEST_TEARDOWN") != "full":
+    if hasattr(config, "workerinput") or not _SESSION:
+        return
+    if os.environ.get("HIERTX_TEST_TEARDOWN") != "full":
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(_EXIT_STATUS[-1])
+        os._exit(int(_SESSION[-1].exitstatus))

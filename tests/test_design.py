@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_pipeline import project_files
+from tests.projects import project_files
 
 REPO = Path(__file__).resolve().parents[1]
 TOP = ("pipeline", "tests", "bench", "docs", "stages", "profiles")

@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,14 @@ from pydantic import BaseModel
 
 from pipeline.config import load_params
 from stages import UNDECLARED_PARAMS
-from tests.test_pipeline import project_files
+from tests.projects import (
+    DVC,
+    copy_tokenized,
+    edit_params,
+    fresh_copy,
+    ran_in_order,
+    venv_env,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WHOLE_FILE = "params.yaml"
@@ -351,45 +357,14 @@ def test_the_readme_diagram_is_the_stage_graph_of_dvc_yaml() -> None:
     assert _reach(drawn) == _reach(real)
 
 
-def _tiny_copy(root: Path) -> dict[str, str]:
-    """A git-committed copy of the project at ``root`` with the tiny profile as its
-    params.yaml and no dvc.lock; returns the environment to run dvc in."""
-    for name in project_files():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, root / name)
-    shutil.copy2(REPO / "profiles" / "tiny.yaml", root / "params.yaml")
-    (root / "dvc.lock").unlink(missing_ok=True)
-    git = ["git", "-c", "user.name=ci", "-c", "user.email=ci@example.com"]
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
-    subprocess.run([*git, "commit", "-qm", "fresh clone"], cwd=root, check=True)
-    return {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "DVC_NO_ANALYTICS": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-
-
 def _dvc(root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    dvc = str(Path(sys.executable).with_name("dvc"))
     return subprocess.run(
-        [dvc, *args], cwd=root, env=env, capture_output=True, text=True, timeout=600
+        [DVC, *args], cwd=root, env=env, capture_output=True, text=True, timeout=600
     )
 
 
 def _ran(result: subprocess.CompletedProcess) -> list[str]:
-    return re.findall(r"Running stage '([^']+)'", result.stdout + result.stderr)
-
-
-def _edit_params(root: Path, dotted: str, value: Any) -> None:
-    raw = yaml.safe_load((root / "params.yaml").read_text())
-    node = raw
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[leaf] = value
-    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return ran_in_order(result.stdout + result.stderr)
 
 
 BAD_PARAMS = [
@@ -411,11 +386,12 @@ BAD_PARAMS = [
 @pytest.mark.slow
 def test_bad_params_stop_dvc_repro_at_the_check_stage(tmp_path: Path) -> None:
     root = tmp_path / "hiertx"
-    env = _tiny_copy(root)
+    fresh_copy(root)  # nothing downloaded yet: none may be after a refused check
+    env = venv_env(tmp_path / "mlflow.db")
     tiny = (root / "params.yaml").read_text()
     for key, value, message in BAD_PARAMS:
         (root / "params.yaml").write_text(tiny)
-        _edit_params(root, key, value)
+        edit_params(root, key, value)
         result = _dvc(root, env, "repro")
         output = result.stdout + result.stderr
         assert result.returncode != 0, output
@@ -426,16 +402,18 @@ def test_bad_params_stop_dvc_repro_at_the_check_stage(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_valid_change_reruns_only_check_and_outputs_never_share_the_cache(
-    tmp_path: Path,
+    tokenized_tiny: Path, tmp_path: Path
 ) -> None:
+    """In a copy where ``dvc repro tokenize@chitchat`` ran exactly check, download and
+    tokenize (``tests.projects.tokenized_tiny`` asserts that of its fresh copy)."""
     root = tmp_path / "hiertx"
-    env = _tiny_copy(root)
+    copy_tokenized(tokenized_tiny, root)
+    env = venv_env(tmp_path / "mlflow.db")
     first = _dvc(root, env, "repro", "tokenize@chitchat")
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert _ran(first) == ["check", "download@chitchat", "tokenize@chitchat"]
+    assert first.returncode == 0 and _ran(first) == [], first.stdout + first.stderr
 
     # a valid change: check re-runs, its declarations stay the same, nothing else re-runs
-    _edit_params(root, "evaluate.n_samples", 3)
+    edit_params(root, "evaluate.n_samples", 3)
     second = _dvc(root, env, "repro", "tokenize@chitchat")
     assert second.returncode == 0 and _ran(second) == ["check"], second.stdout
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -24,91 +23,20 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-VENV = Path(sys.prefix)
-DVC = str(VENV / "bin" / "dvc")
-TIMEOUT_S = 1200
-# What a user's shell has: system folders and a Python with no project packages (the one
-# the venv was made from), and no venv.
-USER_PATH = os.pathsep.join(
-    ["/usr/local/bin", "/usr/bin", "/bin", str(Path(sys.base_prefix) / "bin")]
+from tests.projects import (
+    DVC,
+    NOT_FROM_USER_SHELL,
+    REPO,
+    USER_PATH,
+    VENV,
+    dvc_json,
+    edit_params,
+    fresh_copy,
+    git,
+    ran,
+    run,
+    user_env,
 )
-NOT_FROM_USER_SHELL = (
-    "VIRTUAL_ENV",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "MAKEFLAGS",
-    "MFLAGS",
-    "MAKELEVEL",
-)
-
-
-def project_files() -> list[str]:
-    """What a commit of the working tree holds: tracked and untracked-but-not-ignored."""
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    return [f for f in out.split("\0") if f and (REPO / f).is_file()]
-
-
-def user_env(mlflow_db: Path, path: str = USER_PATH) -> dict[str, str]:
-    """The environment of a user's shell (no venv on PATH unless ``path`` adds it), with an
-    MLflow store of the test's own and no telemetry."""
-    env = {k: v for k, v in os.environ.items() if k not in NOT_FROM_USER_SHELL}
-    return env | {
-        "PATH": path,
-        "MLFLOW_TRACKING_URI": f"sqlite:///{mlflow_db}",
-        "DVC_NO_ANALYTICS": "1",
-        "MLFLOW_DISABLE_TELEMETRY": "true",
-    }
-
-
-def run(root: Path, env: dict[str, str], *args: str, ok: bool = True) -> str:
-    result = subprocess.run(
-        args, cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-    output = result.stdout + result.stderr
-    if ok:
-        assert result.returncode == 0, f"{' '.join(args)} failed:\n{output[-6000:]}"
-    else:
-        assert result.returncode != 0, f"{' '.join(args)} succeeded:\n{output[-6000:]}"
-    return output
-
-
-def dvc_json(root: Path, env: dict[str, str], *args: str) -> Any:
-    result = subprocess.run(
-        [DVC, *args, "--json"], cwd=root, env=env, capture_output=True, text=True, check=False
-    )
-    assert result.returncode == 0, f"dvc {' '.join(args)} failed:\n{result.stderr[-4000:]}"
-    return json.loads(result.stdout)
-
-
-def ran(output: str) -> set[str]:
-    return set(re.findall(r"Running stage '([^']+)'", output))
-
-
-def fresh_copy(root: Path) -> None:
-    """A git clone's worth of the project with the tiny profile as params.yaml."""
-    for name in project_files():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, root / name)
-    shutil.copy2(REPO / "profiles" / "tiny.yaml", root / "params.yaml")
-    (root / "dvc.lock").unlink(missing_ok=True)  # a fresh pipeline for the tiny params
-    shutil.rmtree(root / "metrics", ignore_errors=True)  # results of the default params
-    shutil.rmtree(root / "plots", ignore_errors=True)
-    git(root, "init", "-q")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "fresh clone")
-
-
-def git(root: Path, *args: str) -> str:
-    who = ["-c", "user.name=ci", "-c", "user.email=ci@example.com"]
-    return subprocess.run(
-        ["git", *who, *args], cwd=root, capture_output=True, text=True, check=True
-    ).stdout
 
 
 def numbers(metrics: dict[str, Any]) -> dict[str, float]:
@@ -119,16 +47,6 @@ def numbers(metrics: dict[str, Any]) -> dict[str, float]:
             if isinstance(value, int | float) and not isinstance(value, bool):
                 out[f"{path}:{name}"] = float(value)
     return out
-
-
-def edit_params(root: Path, dotted: str, value: Any) -> None:
-    raw = yaml.safe_load((root / "params.yaml").read_text())
-    node = raw
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[leaf] = value
-    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
 
 @pytest.mark.slow

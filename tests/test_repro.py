@@ -216,18 +216,20 @@ def test_dry_run_prints_the_waves(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_jobs_2_trains_two_runs_at_once_in_processes_without_ray(tmp_path: Path) -> None:
+def test_jobs_2_trains_two_runs_at_once_in_processes_without_ray(
+    tokenized_tiny: Path, tmp_path: Path
+) -> None:
     """``make repro JOBS=2`` on one machine with ``train.scale.num_workers: 0``: two train
     stages' trainings overlap (their MLflow curves' timestamps: when each was stepping),
     each in its stage's own process. No stage starts or joins Ray: ``RAY_ADDRESS`` points
     at a port where nothing listens, so one that tried would fail; tune runs (Ray Tune)
     are left out of the params."""
     from tests.infra.test_cluster_repro import most_at_once, training_intervals
-    from tests.test_pipeline import VENV, edit_params, fresh_copy, user_env
-    from tests.test_pipeline import run as run_in
+    from tests.projects import VENV, copy_tokenized, edit_params, user_env
+    from tests.projects import run as run_in
 
     root = tmp_path / "p"
-    fresh_copy(root)
+    copy_tokenized(tokenized_tiny, root)  # tokenized: the trainings are what is timed
     runs = {f"{m}-chitchat": {"model": m, "corpus": "chitchat"} for m in ("transformer", "gpt")}
     for key, value in {
         "train.runs": runs,

@@ -1,5 +1,6 @@
 """A result is what ``dvc.lock`` says it is, run the way a user runs the project (``dvc``
-in a fresh copy at the tiny profile, one training):
+in a copy at the tiny profile, tokenized already: the ``tokenized_tiny`` fixture; one
+training, ``dvc repro -s`` where one stage is meant):
 
 - a code change retrains: editing the loop in the copy makes ``dvc repro`` start a fresh
   run (new run name, new weights, a new MLflow run), not export the old code's weights;
@@ -16,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from pipeline.artifacts import SavedModel
-from tests.test_pipeline import DVC, edit_params, fresh_copy, run
+from tests.projects import DVC, copy_tokenized, edit_params, run, venv_env
 
 STAGE = "train@transformer-chitchat"
 MODEL = Path("data/train/transformer-chitchat/model.pt")
@@ -38,19 +38,13 @@ LONGER = {
 pytestmark = pytest.mark.slow
 
 
-def project(root: Path, **params: object) -> dict[str, str]:
-    """A fresh copy at the tiny profile with ``params`` changed; its environment (an
+def project(tokenized_tiny: Path, root: Path, **params: object) -> dict[str, str]:
+    """A copy of the tokenized tiny project with ``params`` changed; its environment (an
     MLflow store of its own beside it)."""
-    fresh_copy(root)
+    copy_tokenized(tokenized_tiny, root)
     for key, value in params.items():
         edit_params(root, key, value)
-    return {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{root.parent / f'{root.name}-mlflow.db'}",
-        "DVC_NO_ANALYTICS": "1",
-        "OMP_NUM_THREADS": "1",
-    }
+    return venv_env(root.parent / f"{root.name}-mlflow.db")
 
 
 def weights(root: Path) -> dict[str, torch.Tensor]:
@@ -67,9 +61,9 @@ def checkpoints(root: Path, name: str) -> Path:
     return root / "runs" / "ray" / name
 
 
-def test_a_code_change_retrains(tmp_path: Path) -> None:
+def test_a_code_change_retrains(tokenized_tiny: Path, tmp_path: Path) -> None:
     root = tmp_path / "p"
-    env = project(root)
+    env = project(tokenized_tiny, root)
     first = run(root, env, DVC, "repro", STAGE)
     before, name = weights(root), run_name(first)
     assert "starting fresh" in first
@@ -87,7 +81,7 @@ def test_a_code_change_retrains(tmp_path: Path) -> None:
     after = weights(root)
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
-    unchanged = run(root, env, DVC, "repro", "-f", STAGE)  # same code: resumes, same weights
+    unchanged = run(root, env, DVC, "repro", "-f", "-s", STAGE)  # same code: resumes, same weights
     assert "resuming" in unchanged and run_name(unchanged) == run_name(second)
     assert all(torch.equal(after[k], weights(root)[k]) for k in after)
 
@@ -107,14 +101,16 @@ def _kill_after_first_checkpoint(root: Path, env: dict[str, str]) -> str:
     return process.stdout.read() if process.stdout else ""
 
 
-def test_kill_9_then_repro_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+def test_kill_9_then_repro_resumes_to_the_uninterrupted_weights(
+    tokenized_tiny: Path, tmp_path: Path
+) -> None:
     whole = tmp_path / "whole"
-    env = project(whole, **LONGER)
+    env = project(tokenized_tiny, whole, **LONGER)
     run(whole, env, DVC, "repro", STAGE)
     expected = weights(whole)
 
     killed = tmp_path / "killed"
-    env = project(killed, **LONGER)
+    env = project(tokenized_tiny, killed, **LONGER)
     _kill_after_first_checkpoint(killed, env)
     assert not (killed / MODEL).exists()
     resumed = run(killed, env, DVC, "repro", STAGE)
@@ -126,14 +122,14 @@ def test_kill_9_then_repro_resumes_to_the_uninterrupted_weights(tmp_path: Path) 
     name = run_name(resumed)
     newest = checkpoints(killed, name) / "checkpoint.pt"
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
-    fallback = run(killed, env, DVC, "repro", "-f", STAGE)
+    fallback = run(killed, env, DVC, "repro", "-f", "-s", STAGE)
     assert "passing over a checkpoint that does not read" in fallback
     assert all(torch.equal(expected[k], weights(killed)[k]) for k in expected)
 
     # no intact checkpoint: the stage says how to start over, and that works
     for path in checkpoints(killed, name).glob("checkpoint*.pt"):
         path.write_bytes(b"not a checkpoint")
-    refused = run(killed, env, DVC, "repro", "-f", STAGE, ok=False)
+    refused = run(killed, env, DVC, "repro", "-f", "-s", STAGE, ok=False)
     assert "start the run over: rm -r" in refused and "Traceback" not in refused
     assert "weights_only" not in refused
     command = refused.split("start the run over: ", 1)[1].splitlines()[0]
@@ -142,11 +138,11 @@ def test_kill_9_then_repro_resumes_to_the_uninterrupted_weights(tmp_path: Path) 
     assert all(torch.equal(expected[k], weights(killed)[k]) for k in expected)
 
 
-def test_a_diverging_run_fails_its_stage(tmp_path: Path) -> None:
+def test_a_diverging_run_fails_its_stage(tokenized_tiny: Path, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     root = tmp_path / "p"
-    env = project(root, **{"train.models.transformer.optimizer": {"lr": 1.0e6}})
+    env = project(tokenized_tiny, root, **{"train.models.transformer.optimizer": {"lr": 1.0e6}})
     failed = run(root, env, DVC, "repro", STAGE, ok=False)
     assert re.search(r"diverged at step \d+", failed), failed[-3000:]
     assert "optimizer.lr (1e+06)" in failed and "Traceback" not in failed

@@ -37,6 +37,11 @@ SHRINK = {
     "d_model": 16, "d_embed": 16, "d_ff": 32, "d_hidden": 16, "d_latent": 8, "d_head": 8,
     "n_heads": 2, "n_layers": 1, "n_encoder_layers": 1, "n_decoder_layers": 1,
     "n_utterance_layers": 1, "n_context_layers": 1, "dropout": 0.0,
+    # the recurrent hierarchies' context GRU and VHCR's conversation latent
+    "d_context": 16, "d_conv_latent": 8,
+    # HGPT's sentence encoder/decoder beside its document GPT
+    "d_sentence": 16, "sentence_heads": 2, "sentence_d_ff": 32,
+    "encoder_layers": 1, "document_layers": 1, "decoder_layers": 1,
 }  # fmt: skip
 SPECIAL = {
     # the U-Net stack is in + down + up + out layers: 4 is the smallest with a down layer
@@ -141,6 +146,26 @@ def per_example(model, batch, task: Task) -> torch.Tensor:
 
 def test_the_contract_covers_every_registered_name_and_the_wrappers():
     assert {"ensemble", "with_none", "hier_pp", "gpt", "unet", "hrt_last"} <= set(NAMES)
+
+
+# Every model at tiny() has under 30K parameters on a 50-word vocabulary (the largest,
+# unet_per_layer_att, about 28K). A size field SHRINK misses keeps its paper default and
+# lands far above: HGPT's sentence stack alone was 15.9M, VHCR's context and latents 1.4M.
+TINY_PARAMETERS = 50_000
+
+
+def test_every_model_is_tiny_at_the_contract_sizes():
+    """The contract's sizes shrink every family: a new model (or a new size field) that
+    :data:`SHRINK` does not cover fails here instead of slowing every contract test."""
+    from pipeline.artifacts import DataSizes
+
+    sizes = DataSizes(vocab_size=50, n_acts=5)
+    counts = {
+        name: sum(p.numel() for p in registry.build(name, sizes, **tiny(name)).parameters())
+        for name in NAMES
+    }
+    large = {name: n for name, n in counts.items() if n >= TINY_PARAMETERS}
+    assert not large, f"add their size fields to SHRINK or SPECIAL: {large}"
 
 
 @pytest.mark.parametrize("name", ANNOTATED)

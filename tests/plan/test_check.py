@@ -36,7 +36,12 @@ def _error(raw: dict) -> ConfigError:
 
 
 @pytest.mark.parametrize(
-    "name", ["params.yaml", "profiles/tiny.yaml", "profiles/paper.yaml", "profiles/study.yaml"]
+    "name",
+    [
+        "params.yaml",
+        *("profiles/tiny.yaml", "profiles/paper.yaml", "profiles/study.yaml"),
+        "profiles/custom.yaml",  # run end to end, with shorter trainings: test_custom_profile
+    ],
 )
 def test_shipped_profiles_validate_with_their_names_and_references(name: str) -> None:
     assert isinstance(load_checked(REPO / name), Params)

@@ -16,6 +16,21 @@ from tests.train.mlflow_server import free_port
 SBIN = os.pathsep.join(["/usr/sbin", "/sbin"])
 
 
+def _bin_path() -> str:
+    """PATH, then Debian's ``/usr/lib/postgresql/<version>/bin`` (newest first), where its
+    ``postgresql`` package puts ``initdb`` and ``pg_ctl`` without linking them onto PATH."""
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    return os.pathsep.join([os.environ.get("PATH", ""), *map(str, versions)])
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name, path=_bin_path()) or name
+
+
 def _runuser() -> str | None:
     """util-linux's ``runuser`` (in /usr/sbin, which a user's PATH may lack)."""
     return shutil.which("runuser", path=os.pathsep.join([os.environ.get("PATH", ""), SBIN]))
@@ -23,8 +38,11 @@ def _runuser() -> str | None:
 
 def available() -> str | None:
     """Why no server can be started here, or None."""
-    if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
-        return "PostgreSQL's initdb/pg_ctl are not on PATH (Debian: apt install postgresql)"
+    if any(shutil.which(tool, path=_bin_path()) is None for tool in ("initdb", "pg_ctl")):
+        return (
+            "PostgreSQL's initdb/pg_ctl are neither on PATH nor in /usr/lib/postgresql/*/bin "
+            "(Debian: apt install postgresql)"
+        )
     if os.geteuid() == 0 and _runuser() is None:
         return "running as root without runuser to start PostgreSQL as its own user"
     try:
@@ -46,7 +64,8 @@ class Postgres:
 
     def _run(self, *args: str) -> None:
         as_owner = [str(_runuser()), "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        subprocess.run([*as_owner, *args], check=True, capture_output=True, text=True)
+        command = [_tool(args[0]), *args[1:]]
+        subprocess.run([*as_owner, *command], check=True, capture_output=True, text=True)
 
     def start(self) -> None:
         if os.geteuid() == 0:

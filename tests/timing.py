@@ -1,0 +1,261 @@
+"""The suite's time, kept visible and bounded (a plugin ``tests/conftest.py`` registers).
+
+- ``--time-report``: after the run, every test's time (set-up + call + teardown, slowest
+  first) and each test file's total, gathered from the reports in the process that
+  started the xdist workers.
+- ``--time-limit S``: the run fails where a test outside :data:`OVER_A_MINUTE` took more
+  than ``S`` seconds, or a shared (module- or session-scoped) fixture took more than ``S``
+  to set up. A test's own time leaves out the shared fixtures it happened to set up first
+  (or to wait for, built by another worker): those are checked on their own, by name, so
+  the verdict does not depend on which test ran first.
+- Under xdist, the tests of :data:`OVER_A_MINUTE` start first, in its order (the longest
+  last to start is what makes a parallel run long), each with its xdist group (``make
+  test`` passes ``--no-loadscope-reorder``: xdist would put the groups with the most tests
+  first); in one process the order is pytest's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+# Each test allowed over the limit, by node id (or a prefix of ids: a file, a test with its
+# parameters), with what it proves that a shorter test could not. Longest first: the order
+# xdist starts them in. Every one is marked ``slow`` (checked at collection). A shared
+# fixture is named "<file>::<fixture>".
+OVER_A_MINUTE: dict[str, str] = {
+    "tests/infra/test_cluster_repro.py::test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run": (  # noqa: E501
+        "make repro JOBS=2 on a three-node local Ray cluster: trainings overlap up to the "
+        "slots, every seed's weights equal a serial run's (its module fixture), no MLflow "
+        "run, metric or model version lost to concurrent writers; a second make runs nothing"
+    ),
+    "tests/test_pipeline.py::test_make_repro_as_a_user_then_compare_experiments": (
+        "the README's make repro from a fresh clone at profiles/tiny.yaml, from a shell "
+        "without the venv: every stage, tune included, then a DVC experiment compared with "
+        "exp show, metrics/params/plots diff, make compare, and what invalidates what"
+    ),
+    "tests/infra/test_cluster_repro.py::test_a_killed_worker_node_resumes_to_the_serial_weights": (
+        "a worker node's raylet killed mid-training: the run resumes from its checkpoint "
+        "on the other node and ends with the serial run's weights"
+    ),
+    "tests/test_custom_profile.py::test_custom_profile_from_a_fresh_clone": (
+        "profiles/custom.yaml from a fresh clone: a chat_jsonl corpus of the user's declared, "
+        "downloaded, tokenized; four models trained and evaluated; the report's own tables; "
+        "editing the file puts exactly its stages out of date"
+    ),
+    "tests/test_results_follow_code.py::test_kill_9_then_repro_resumes_to_the_uninterrupted_weights": (  # noqa: E501
+        "kill -9 mid-training, then dvc repro resumes to the weights of an uninterrupted "
+        "run (two trainings of 120 steps); a torn checkpoint falls back to the one before; "
+        "none intact: the stage says how to start over, and that works"
+    ),
+    "tests/infra/test_fractional_gpus.py::test_gpus_per_worker_packs_n_trainings_onto_one_gpu": (
+        "gpus_per_worker 1/N on a Ray instance with one GPU: N Ray Train runs share it at "
+        "once, the (N+1)-th waits for one of them"
+    ),
+    "tests/infra/test_join_cluster.py::test_a_train_stage_joins_the_ray_instance_running_here": (
+        "on a node where `ray start --head` runs (a private network namespace), a train "
+        "stage's training runs on that cluster, not on a private one"
+    ),
+    "tests/infra/test_local_cluster.py::test_two_node_cluster_places_one_worker_per_node": (
+        "infra/local_cluster.sh's two-node Ray cluster runs a DDP TorchTrainer across both nodes"
+    ),
+    "tests/train/test_mlflow_server.py::test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run": (  # noqa: E501
+        "an MLflow server killed mid-run: the run goes on in the local store, and "
+        "`hiertx sync-mlflow` carries it, its children and its registered model whole to the "
+        "server once it is back (two server starts, a pyfunc logged and served)"
+    ),
+    "tests/test_repro.py::test_jobs_2_trains_two_runs_at_once_in_processes_without_ray": (
+        "make repro JOBS=2 without Ray: two trainings overlap, each in its stage's process "
+        "(160 steps each, long enough to overlap)"
+    ),
+}
+# The reports' user property holding the seconds a test spent setting up shared fixtures.
+SHARED = "shared_fixture_setup_s"
+
+PHASES = ("setup", "call", "teardown")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def declared(nodeid: str) -> str | None:
+    """The :data:`OVER_A_MINUTE` entry that covers ``nodeid``, if any (``--dist loadgroup``
+    suffixes the ids of an xdist group's tests with ``@<group>``: left out)."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):
+        nodeid = nodeid[: nodeid.rfind("@")]
+    for key in OVER_A_MINUTE:
+        if nodeid == key or nodeid.startswith((f"{key}[", f"{key}::")):
+            return key
+    return None
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+class Timing:
+    """Times each shared fixture's set-up where it runs (every process), and collects each
+    test's phases from the reports (in the controller under xdist, where every worker's
+    reports arrive) to report or enforce at the end."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.limit: float | None = config.getoption("time_limit")
+        self.report = bool(config.getoption("time_report"))
+        self.phases: dict[str, dict[str, float]] = defaultdict(dict)
+        self.fixtures: dict[str, tuple[float, str]] = {}  # name -> (seconds, first user)
+        self.started = time.monotonic()
+        self._setting_up: pytest.Item | None = None
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list) -> None:
+        unmarked = [
+            item.nodeid
+            for item in items
+            if declared(item.nodeid) and item.get_closest_marker("slow") is None
+        ]
+        if unmarked:
+            raise pytest.UsageError(
+                "tests/timing.py's OVER_A_MINUTE lists tests not marked slow (mark them "
+                f"@pytest.mark.slow): {', '.join(unmarked)}"
+            )
+        if getattr(config.option, "loadgroup", False):  # xdist workers under loadgroup
+            keep_xdist_groups(items)
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker sorts alike
+            order = {key: i for i, key in enumerate(OVER_A_MINUTE)}
+            rank = {item.nodeid: order.get(declared(item.nodeid), len(order)) for item in items}
+            items.sort(key=lambda item: rank[item.nodeid])
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item):
+        self._setting_up = item
+        try:
+            return (yield)
+        finally:
+            self._setting_up = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        started = time.perf_counter()
+        try:
+            return (yield)
+        finally:
+            item = self._setting_up
+            if fixturedef.scope != "function" and item is not None:
+                seconds = time.perf_counter() - started
+                name = f"{fixture_file(fixturedef)}::{fixturedef.argname}"
+                item.user_properties.append((SHARED, {name: seconds}))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if _is_worker(self.config):
+            return
+        self.phases[report.nodeid][report.when] = report.duration
+        if report.when == "setup":
+            for key, value in report.user_properties:
+                if key == SHARED:
+                    for name, seconds in value.items():
+                        self.phases[report.nodeid]["shared"] = (
+                            self.phases[report.nodeid].get("shared", 0.0) + seconds
+                        )
+                        if seconds > self.fixtures.get(name, (0.0, ""))[0]:
+                            self.fixtures[name] = (seconds, report.nodeid)
+
+    def over_the_limit(self) -> list[str]:
+        if self.limit is None:
+            return []
+        lines = []
+        for nodeid, phases in self.phases.items():
+            own = sum(phases.get(p, 0.0) for p in PHASES) - phases.get("shared", 0.0)
+            if own > self.limit and declared(nodeid) is None:
+                parts = ", ".join(f"{p} {phases[p]:.1f} s" for p in PHASES if p in phases)
+                if shared := phases.get("shared", 0.0):
+                    parts += f"; not counted: {shared:.1f} s setting up shared fixtures"
+                lines.append(f"{nodeid}: {own:.1f} s ({parts})")
+        for name, (seconds, first) in self.fixtures.items():
+            if seconds > self.limit and declared(name) is None:
+                lines.append(f"{name} (a shared fixture): {seconds:.1f} s to set up, for {first}")
+        return sorted(lines)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not _is_worker(self.config) and self.over_the_limit() and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if _is_worker(self.config):
+            return
+        write = terminalreporter.write_line
+        totals = {
+            nodeid: sum(phases.get(p, 0.0) for p in PHASES)
+            for nodeid, phases in self.phases.items()
+        }
+        if self.report and totals:
+            terminalreporter.write_sep("=", "every test's time (set-up + call + teardown)")
+            for nodeid, total in sorted(totals.items(), key=lambda kv: -kv[1]):
+                shared = self.phases[nodeid].get("shared", 0.0)
+                note = f"  ({shared:.1f} s setting up shared fixtures)" if shared >= 0.1 else ""
+                write(f"{total:8.2f} s  {nodeid}{note}")
+            per_file: dict[str, list[float]] = defaultdict(list)
+            for nodeid, total in totals.items():
+                per_file[nodeid.split("::")[0]].append(total)
+            terminalreporter.write_sep("=", "time per test file (its tests' times summed)")
+            for path, times in sorted(per_file.items(), key=lambda kv: -sum(kv[1])):
+                write(f"{sum(times):8.1f} s  {len(times):4d} tests  {path}")
+            workers = getattr(self.config.option, "numprocesses", None) or 1
+            write(
+                f"{sum(totals.values()):8.1f} s  {len(totals):4d} tests in all, "
+                f"{time.monotonic() - self.started:.1f} s of wall time on {workers} worker(s)"
+            )
+        over = self.over_the_limit()
+        if over:
+            terminalreporter.write_sep(
+                "=", f"FAILED: over {self.limit:g} s and not in tests/timing.py's OVER_A_MINUTE"
+            )
+            for line in over:
+                write(line, red=True)
+            write(
+                "make the test faster (share a fixture, shrink its sizes), or declare it in "
+                "OVER_A_MINUTE with what it proves"
+            )
+
+
+def keep_xdist_groups(items: list) -> None:
+    """Suffix each grouped test's id with ``@<group>``, as xdist's worker means to (the
+    scheduler groups by that suffix): pytest-xdist 3.8 writes it to ``item._nodeid``, which
+    pytest 9.2 no longer reads (its ids are structured, ``item._id``), so every group would
+    be split silently (pytest-dev/pytest-xdist#1386). Does nothing where xdist did it."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        groups = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        if groups and item.nodeid.rfind("@") <= item.nodeid.rfind("]"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(sorted(groups))}")
+
+
+def fixture_file(fixturedef) -> str:
+    """Where a fixture is defined, relative to the repository (as node ids spell files)."""
+    path = Path(fixturedef.func.__code__.co_filename)
+    try:
+        return path.relative_to(REPO).as_posix()
+    except ValueError:
+        return path.name
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hiertx timing")
+    group.addoption(
+        "--time-report",
+        action="store_true",
+        help="print every test's time and each test file's total at the end",
+    )
+    group.addoption(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="fail the run where a test outside tests/timing.py's OVER_A_MINUTE takes longer",
+    )
