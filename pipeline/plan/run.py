@@ -49,6 +49,7 @@ from pipeline.config import (
     parse_run_key,
 )
 from pipeline.data.resample import draws_key
+from pipeline.data.streams import stream_key
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import ModelConfig
@@ -311,7 +312,7 @@ def _plan(
         tracking=request.tracking,
         root=layout.root,
         storage=storage_path(request.placement, layout.root),
-        data=record.fingerprint() + draws_key(record),
+        data=record.fingerprint() + draws_key(record) + stream_key(record),
         code=code_fingerprint(layout.root, stage_code(stage)),
         word_vectors=vectors,
         vectors_bytes=vectors.stat().st_size if vectors is not None else None,
