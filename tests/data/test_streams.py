@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import EvaluateParams, TokenizeParams
+from pipeline.config import EvaluateParams, RunParams, TokenizeParams
 from pipeline.data.loader import BatchLoader, ExampleDataset, open_split
 from pipeline.data.records import LMExample
 from pipeline.data.shards import read_manifest
@@ -28,7 +28,9 @@ from pipeline.eval.language import LMEvaluator
 from pipeline.models import registry
 from pipeline.names import Task
 from pipeline.plan import RunRequest, checked, plan_training
-from pipeline.train.job import ShardBatches, ShardData
+from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
+from pipeline.train.job import ConfiguredModel, ShardBatches, ShardData
+from pipeline.train.loop import TrainJob, train_local
 
 LM = {"tasks": ["lm"], "max_dialogues": 30, "vocab": {"size": 200}}
 RULE = SegmentRule(target=12, context=7, jitter=2.0, short_fraction=0.2, minimum=3)
@@ -211,3 +213,47 @@ def test_another_feeding_is_another_run(folders: dict[str, Path], tmp_path: Path
         data[name] = plan_training(RunRequest.of(params, "gpt-chitchat"), root).data
     assert data["stream"] == data["documents"] + stream_key(read_manifest(folders["stream"]))
     assert "+stream:" in data["stream"] and "+valid:" in data["stream"]
+
+
+class _KillAt:
+    """A metric sink that stops the run after training step ``at`` (an in-process kill)."""
+
+    recording = True
+
+    def __init__(self, at: int | None) -> None:
+        self.at = at
+
+    def __call__(self) -> _KillAt:
+        return self
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self.at is not None and step >= self.at and "train_loss" in metrics:
+            raise KeyboardInterrupt(f"killed at step {step}")
+
+
+def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    root = folders["stream"]
+    knobs = RunParams.model_validate(
+        {"epochs": 2, "batch_size": 3, "max_batches_per_epoch": 4, "patience": None,
+         "checkpoint_every": 2, "log_every": 1, "seed": 1, "optimizer": {"lr": 0.003}}
+    )  # fmt: skip
+    sizes = read_manifest(root).data_sizes()
+    tiny = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "dropout": 0.3}
+    model = ConfiguredModel(sizes)("gpt", knobs.model_copy(update={"model": tiny}))
+    data = ShardData(
+        str(root), Task.LM, batch_size=3, eval_batch_size=4, seed=1, stream_unit="tokens"
+    )
+
+    def job(folder: str, at: int | None = None) -> TrainJob:
+        return TrainJob(
+            "gpt", "gpt", model, data, knobs, str(tmp_path / folder), _KillAt(at), False
+        )
+
+    full = train_local(job("a"))
+    with pytest.raises(KeyboardInterrupt):
+        train_local(job("b", at=3))  # resumed from step 2's checkpoint, mid-epoch
+    assert train_local(job("b")) == full
+    weights = [TrainingState.read(tmp_path / f / "gpt" / CHECKPOINT_FILE).model for f in "ab"]
+    assert all(torch.equal(v, weights[1][k]) for k, v in weights[0].items())
