@@ -95,6 +95,8 @@ class CompileMode(enum.StrEnum):
     AUTO = "auto"  # on CUDA for models that compile whole (supports_compile), else off
     ON = "on"
     OFF = "off"
+    # on, with CUDA graphs (torch.compile's mode) over bucketed static shapes: small steps
+    REDUCE_OVERHEAD = "reduce-overhead"
 
 
 class Precision(enum.StrEnum):
@@ -178,7 +180,8 @@ class RunParams(Section):
     compile: CompileMode = Field(
         default=CompileMode.AUTO,
         description="torch.compile the training forward and backward: auto = on CUDA for "
-        "models that compile without graph breaks (off on CPU, where it is slower)",
+        "models that compile without graph breaks (off on CPU, where it is slower); "
+        "reduce-overhead = on, with CUDA graphs over bucketed shapes (small steps)",
     )
     batch_tokens: int | None = Field(
         default=None,

@@ -15,14 +15,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Self
+from typing import ClassVar, Self
 
 import torch
 from torch import Tensor
 
 
 class _TensorBatch:
-    """Moves or pins every tensor of a dataclass batch, nested batches included, in one call."""
+    """Moves, pins or pads every tensor of a dataclass batch, nested batches included, in
+    one call. ``TOKEN_AXES``: the axis of each field that runs over tokens (what
+    :meth:`padded` pads)."""
+
+    TOKEN_AXES: ClassVar[dict[str, int]] = {}
 
     def _map(self, fn: Callable[[Tensor], Tensor]) -> Self:
         mapped = {
@@ -39,6 +43,24 @@ class _TensorBatch:
     def pin_memory(self) -> Self:
         return self._map(Tensor.pin_memory)
 
+    def padded(self, width: Callable[[int], int]) -> Self:
+        """Every token axis padded at its end to ``width(its length)`` with the padding
+        convention's zeros (token 0, False, no knowledge bits), nested batches included: a
+        batch collated from the same examples with longer lengths. The batch size and the
+        counts of sentences and candidates stay."""
+        changes: dict[str, object] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, _TensorBatch):
+                changes[f.name] = value.padded(width)
+            elif isinstance(value, Tensor) and f.name in self.TOKEN_AXES:
+                axis = self.TOKEN_AXES[f.name]
+                extra = width(value.shape[axis]) - value.shape[axis]
+                if extra > 0:
+                    shape = (*value.shape[:axis], extra, *value.shape[axis + 1 :])
+                    changes[f.name] = torch.cat([value, value.new_zeros(shape)], dim=axis)
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
     @property
     def batch_size(self) -> int:
         first = dataclasses.fields(self)[0]  # type: ignore[arg-type]
@@ -49,6 +71,9 @@ class _TensorBatch:
 class History(_TensorBatch):
     """A batch of flattened dialogue histories, all ``[B, L]``."""
 
+    TOKEN_AXES: ClassVar[dict[str, int]] = dict.fromkeys(
+        ("input_ids", "input_mask", "utt_index", "utt_pos", "speaker"), 1
+    )
     input_ids: Tensor
     input_mask: Tensor
     utt_index: Tensor
@@ -65,6 +90,10 @@ class GenerateBatch(_TensorBatch):
     ``[B, Ta]``: the belief state and the acts serialised as ``<bos> .. <eos>`` token
     sequences, for HIER-Joint); other corpora leave them ``None``.
     """
+
+    TOKEN_AXES: ClassVar[dict[str, int]] = dict.fromkeys(
+        ("target_ids", "target_mask", "belief_ids", "act_ids"), 1
+    )
 
     history: History
     target_ids: Tensor
@@ -90,6 +119,13 @@ class SelectBatch(_TensorBatch):
     optional per-token features (DSTC7 Advising: token is a prior / suggested course).
     """
 
+    TOKEN_AXES: ClassVar[dict[str, int]] = {
+        "candidate_ids": 2,
+        "candidate_mask": 2,
+        "context_knowledge": 1,
+        "candidate_knowledge": 2,
+    }
+
     history: History
     candidate_ids: Tensor
     candidate_mask: Tensor
@@ -112,6 +148,13 @@ class LMBatch(_TensorBatch):
     ``data.streams``): row b's first ``context_tokens[b]`` real tokens are context, read
     but not scored; None: every real token is scored.
     """
+
+    TOKEN_AXES: ClassVar[dict[str, int]] = {
+        "sentences": 2,
+        "sentence_mask": 2,
+        "flat_ids": 1,
+        "flat_mask": 1,
+    }
 
     sentences: Tensor
     sentence_mask: Tensor

@@ -23,6 +23,7 @@ TRAINING_CODE = (
     "pipeline/data",
     "pipeline/decode",
     "pipeline/eval",
+    "pipeline/execution",
     "pipeline/models",
     "pipeline/plan",
     "pipeline/tracking",

@@ -61,11 +61,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.config import Precision, RunParams
+from pipeline.config import RunParams
 from pipeline.data.batch import Batch
 from pipeline.errors import TrainingDiverged
 from pipeline.eval.collect import LargestBatch, batch_limit, first_eval_batch
 from pipeline.eval.perplexity import perplexity_of
+from pipeline.execution import autocast_dtype
 from pipeline.models.base import LossOutput
 from pipeline.names import Task
 from pipeline.progress import Mode, Reporter
@@ -142,13 +143,6 @@ class EvalResult:
 
 
 # --------------------------------------------------------------------------- the loop
-
-
-def autocast_dtype(precision: Precision, device: torch.device) -> torch.dtype | None:
-    """bf16 on GPU under ``auto``; ``None`` = no autocast (fp32)."""
-    if precision == Precision.BF16 or (precision == Precision.AUTO and device.type == "cuda"):
-        return torch.bfloat16
-    return None
 
 
 class _Run:
