@@ -23,10 +23,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from pipeline.data.batch import GenerateBatch, History
-from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER, SPEAKER_SELF, SPECIAL_TOKENS
+from pipeline.config import GenerateParams
+from pipeline.data.batch import GenerateBatch
+from pipeline.data.encoding import EncodedDialogue
+from pipeline.data.examples import build_generate
+from pipeline.data.loader import collate_generate
+from pipeline.data.special import SPECIAL_TOKENS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -172,6 +177,14 @@ def interleaved(
     return {name: Samples(name, tuple(times[name])) for name in names}
 
 
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling with ``torch.compile`` so far (dynamo's
+    own clock: tracing and the backend, forward and backward graphs)."""
+    from torch._dynamo.utils import calculate_time_spent
+
+    return calculate_time_spent().get("total_wall_time", 0.0)
+
+
 def number(value: float) -> str:
     """3 significant digits, without exponent notation for large values."""
     return f"{value:.3g}" if abs(value) < 1e3 else f"{value:,.0f}"
@@ -234,55 +247,35 @@ def synthetic_batch(
     utterance: tuple[int, int] = (5, 25),
     seed: int = 0,
 ) -> GenerateBatch:
-    """A ``GenerateBatch`` with a realistic layout and random words.
+    """A ``GenerateBatch`` of random words laid out as the data layer lays out a corpus.
 
-    Row ``i``'s history is cut from utterances of ``utterance`` (min, max) tokens (``<bos>
-    .. <eos>`` included) to a length spread evenly from ``history`` (row 0) down to 60%
-    of it, keeping the most recent tokens as the tokenizer does; targets likewise from
-    ``target`` down to 60%. So rows carry different amounts of padding, as after
-    length bucketing, and every model sees the same tokens.
+    Row ``i`` is a dialogue of random utterances of ``utterance`` (min, max) tokens
+    (``<bos> .. <eos>`` included) and a response; its example is built and collated by the
+    data layer's own functions (``data.examples.build_generate``, ``data.loader``'s
+    collate, which serving shares), with the history cut to a length spread evenly from
+    ``history`` (row 0) down to 60% of it and the response to ``target`` down to 60%. So
+    rows carry different amounts of padding, as after length bucketing, and every model
+    sees the same tokens.
     """
-    g = torch.Generator().manual_seed(seed)
-
-    def words(n: int) -> list[int]:
-        return torch.randint(len(SPECIAL_TOKENS), vocab_size, (n,), generator=g).tolist()
+    rng = np.random.default_rng(seed)
 
     def length(i: int, full: int) -> int:
         return max(2, round(full * (1.0 - 0.4 * i / max(batch_size - 1, 1))))
 
-    ids = torch.zeros(batch_size, history, dtype=torch.long)
-    utt_index, utt_pos, speaker = (torch.zeros_like(ids) for _ in range(3))
-    targets = torch.zeros(batch_size, target, dtype=torch.long)
+    examples = []
     lo, hi = utterance
     for i in range(batch_size):
-        want = length(i, history)
-        utts: list[list[int]] = []
-        while sum(map(len, utts)) < want:
-            n = int(torch.randint(lo, hi + 1, (1,), generator=g))
-            utts.insert(0, [BOS_ID, *words(max(n - 2, 1)), EOS_ID])
-        row, idx, pos, spk = [], [], [], []
-        for u, utt in enumerate(utts):
-            who = SPEAKER_SELF if (len(utts) - u) % 2 == 0 else SPEAKER_OTHER
-            row += utt
-            idx += [u] * len(utt)
-            pos += range(len(utt))
-            spk += [who] * len(utt)
-        cut = len(row) - want  # keep the most recent tokens; the first utterance is truncated
-        first = idx[cut]
-        ids[i, :want] = torch.tensor(row[cut:])
-        utt_index[i, :want] = torch.tensor(idx[cut:]) - first
-        # The truncated first utterance's positions restart at 0 (its first kept token).
-        kept_pos = torch.tensor(pos[cut:])
-        kept_pos[torch.tensor(idx[cut:]) == first] -= pos[cut]
-        utt_pos[i, :want] = kept_pos
-        speaker[i, :want] = torch.tensor(spk[cut:])
-        n_target = length(i, target)
-        targets[i, :n_target] = torch.tensor([BOS_ID, *words(n_target - 2), EOS_ID])
-    mask = ids != 0
-    return GenerateBatch(
-        history=History(ids, mask, utt_index, utt_pos, speaker),
-        target_ids=targets,
-        target_mask=targets != 0,
-        turn=utt_index.max(1).values + 1,
-        dialogue_id=tuple(f"synthetic-{i}" for i in range(batch_size)),
-    )
+        want, response = length(i, history), length(i, target)
+        sizes: list[int] = []
+        while sum(sizes) < want:  # the oldest utterance is the one the cut shortens
+            sizes.append(int(rng.integers(lo, hi + 1)))
+        sizes = [*reversed(sizes), response]
+        words = [rng.integers(len(SPECIAL_TOKENS), vocab_size, max(n - 2, 1)) for n in sizes]
+        speakers = tuple(
+            "self" if (len(sizes) - u) % 2 == 1 else "other" for u in range(len(sizes))
+        )
+        dialogue = EncodedDialogue(f"synthetic-{i}", speakers, tuple(words), responder="self")
+        params = GenerateParams(max_history=want, max_utterances=None, max_response=response)
+        table = build_generate([dialogue], params)
+        examples.append(table[len(table) - 1])  # the answer to the last utterance
+    return collate_generate(examples)

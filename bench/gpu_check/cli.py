@@ -1,6 +1,20 @@
 """The command: arguments checked before any compute, the parts run in order within the
 time limit (each within its budget, a failure reported and the others still run), the
-summary printed and written into the results file."""
+summary printed, and the GPU section written where the run may write it (``destination``).
+
+**Adding a part.** Write ``def my_part(check: Check, part: Part) -> None`` in a module of
+this package: it measures, appends markdown blocks to ``part.text`` and summary numbers
+to ``part.headlines`` (``report.Headline``: the number beside its target and baseline),
+adds what its training processes spent compiling to ``part.compile_s`` (in-process
+compiling is counted for it), and raises (the part FAILED, the others still run) or
+``report.Missing`` (skipped, saying why). It reads the settings from ``check.setup``, the
+PTB corpus from ``check.ptb()`` and the time left from ``check.seconds_left()``; a number
+a later part needs goes into a typed field of ``report.Check`` that names its writer and
+readers. Then add a ``Spec`` to ``PARTS`` at its place in the order (what a first GPU run
+needs most comes first: a part after the time limit is skipped), with a budget that keeps
+the sum within ``TIME_LIMIT_S``, and document it in the package docstring, in the
+README's GPU check section and in the GPU kit's ``PHASES`` line there.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +25,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from bench.common import environment
+from bench.common import compile_seconds, environment
 from bench.gpu_check.report import (
     REPO,
+    Check,
     Missing,
     Part,
     Setup,
@@ -27,8 +41,11 @@ from bench.gpu_check.report import (
     summary,
     where,
 )
+from pipeline.artifacts import Layout
 
 TIME_LIMIT_S = 480.0  # issue 32: at most 8 minutes on one H100
+# A smoke run on a CPU compiles the loop with Inductor: minutes on a busy 2-core machine.
+SMOKE_TIME_LIMIT_S = 1800.0
 
 
 @dataclass(frozen=True)
@@ -42,19 +59,23 @@ class Spec:
     needs_ptb: bool
     function: str
 
-    def run(self, setup: Setup, part: Part, state: dict[str, Any]) -> None:
+    def run(self, check: Check, part: Part) -> None:
         module, name = self.function.split(":")
-        getattr(importlib.import_module(f"bench.gpu_check.{module}"), name)(setup, part, state)
+        getattr(importlib.import_module(f"bench.gpu_check.{module}"), name)(check, part)
 
 
+# In the order a first GPU run needs them most (issue 40): the loop, the four PTB runs,
+# the loop's host syncs (warm: the parts before compiled its steps), the peers, HIER.
 PARTS = {
-    "gpt2": Spec("GPT vs HF GPT-2 (GPT-2-small shapes)", 100, False, "peers:gpt_vs_gpt2"),
-    "seq2seq": Spec("Transformer and U-Net vs HF BART (paper size)", 80, False, "peers:seq2seq"),
-    "loop": Spec("The loop on the paper profile's PTB GPT-6", 100, True, "loop:throughput"),
-    "four": Spec("Issue 33: the four 6-layer PTB runs at once", 120, True, "loop:four_runs"),
-    "sync": Spec("Sync checks: the loop's steps in sync debug mode", 30, True, "sync:sync_checks"),
-    "hier": Spec("HIER attention: masked, packed, flex", 40, False, "hier:hier_rows"),
+    "loop": Spec("The loop on the paper profile's PTB GPT-6", 110, True, "loop:throughput"),
+    "four": Spec("Issue 33: the four 6-layer PTB runs at once", 130, True, "loop:four_runs"),
+    "sync": Spec("Sync checks: the loop's steps in sync debug mode", 40, True, "sync:sync_checks"),
+    "gpt2": Spec("GPT vs HF GPT-2 (GPT-2-small shapes)", 80, False, "peers:gpt_vs_gpt2"),
+    "seq2seq": Spec("Transformer and U-Net vs HF BART (paper size)", 70, False, "peers:seq2seq"),
+    "hier": Spec("HIER attention: masked, packed, flex", 50, False, "hier:hier_rows"),
 }
+# The GPU kit's run.sh runs a process per phase in the order of its PHASES, whose default
+# puts hier before the peers: the README gives the PHASES of this order.
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,18 +85,47 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cuda", help="cuda, or cpu (with --smoke)")
     p.add_argument("--smoke", action="store_true", help="toy sizes: the same code paths")
-    p.add_argument("--ptb", type=Path, default=None, help="folder with ptb.{train,valid,test}.txt")
+    p.add_argument(
+        "--ptb",
+        type=Path,
+        default=None,
+        help="folder with ptb.{train,valid,test}.txt (default: data/raw/ptb where it has them)",
+    )
     p.add_argument("--profile", type=Path, default=REPO / "profiles" / "paper.yaml")
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak")
     p.add_argument("--processes", type=int, default=None, help="trainings at once (4; smoke 2)")
     p.add_argument("--seq2seq-batch", type=int, default=None, help="histories a step (256)")
     p.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
-    p.add_argument("--results", type=Path, default=None, help="RESULTS.md to write (smoke: none)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="a results file whose GPU section this run writes (default: bench/RESULTS.md, "
+        "by a CUDA run of every part at full size that passes, and by no other run)",
+    )
     p.add_argument("--repeats", type=int, default=None, help="timed steps per peer (10)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per peer first (3)")
-    p.add_argument("--compile-backend", default=None, help="inductor (smoke: eager: dynamo alone)")
-    p.add_argument("--time-limit", type=float, default=TIME_LIMIT_S, help="seconds in all")
+    p.add_argument(
+        "--compile-backend",
+        default=None,
+        help="torch.compile backend of every compiled step (default inductor; smoke: the "
+        "loop part inductor, the peers eager: dynamo alone)",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help=f"seconds in all (default {TIME_LIMIT_S:.0f}; smoke {SMOKE_TIME_LIMIT_S:.0f})",
+    )
     return p
+
+
+def default_ptb() -> Path | None:
+    """``data/raw/ptb`` (``Layout``) where it holds the three files, else None."""
+    from bench.gpu_check.ptb import missing_files
+
+    folder = Layout(REPO).raw("ptb")
+    return folder if missing_files(folder) is None else None
 
 
 def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
@@ -84,6 +134,11 @@ def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
     from bench.gpu_check.ptb import missing_files
 
     cuda = torch.device(args.device).type == "cuda"
+    if not cuda and not args.smoke:
+        raise SystemExit(
+            f"--device {args.device}: full sizes need a GPU (HIER's rows alone take minutes "
+            "on a CPU); add --smoke for the same code paths at toy sizes"
+        )
     if cuda and not torch.cuda.is_available():
         raise SystemExit(
             f"--device {args.device}: no CUDA device here; --device cpu --smoke runs the same "
@@ -95,7 +150,8 @@ def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
         peak = peak_tflops(card)
         if peak is None:
             raise SystemExit(f"--peak-tflops: no dense bf16 peak known for {card!r}; pass it")
-    if args.ptb is not None and (problem := missing_files(args.ptb)):
+    ptb = args.ptb if args.ptb is not None else default_ptb()
+    if ptb is not None and (problem := missing_files(ptb)):
         raise SystemExit(problem)
     if not args.profile.is_file():
         raise SystemExit(f"--profile {args.profile}: no such file")
@@ -108,36 +164,32 @@ def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
         dtype="bf16" if cuda else "fp32",
         smoke=smoke,
         backend=args.compile_backend or ("eager" if smoke else "inductor"),
+        loop_backend=args.compile_backend or "inductor",
         repeats=args.repeats or (1 if smoke else 10),
         warmup=args.warmup if args.warmup is not None else (1 if smoke else 3),
         peak_tflops=peak,
         processes=processes,
         seq2seq_batch=args.seq2seq_batch or (2 if smoke else 256),
-        ptb=args.ptb,
+        ptb=ptb,
         profile=args.profile,
         scratch=scratch,
     )
 
 
-def run_part(key: str, setup: Setup, state: dict[str, Any], deadline: float) -> Part:
+def run_part(key: str, check: Check) -> Part:
     """Part ``key``: skipped (with why) where it cannot run, else run and timed; an error
     is the part's failure, reported in one line, and the check goes on."""
-    spec = PARTS[key]
+    spec, setup = PARTS[key], check.setup
     part = Part(key, spec.title, spec.budget_s)
-    if time.monotonic() >= deadline:
+    if check.seconds_left() <= 0:
         part.skipped = f"the time limit is spent; run it alone: --parts {key}"
         return part
     if spec.needs_ptb and setup.ptb is None:
         part.skipped = "no --ptb DIR (a folder with ptb.{train,valid,test}.txt)"
         return part
-    start = time.monotonic()
+    start, compiled = time.monotonic(), compile_seconds()
     try:
-        if spec.needs_ptb and "ptb" not in state:
-            from bench.gpu_check.ptb import PTB
-
-            assert setup.ptb is not None
-            state["ptb"] = PTB(setup.profile, setup.ptb, setup.scratch / "project", setup.smoke)
-        spec.run(setup, part, state)
+        spec.run(check, part)
     except Missing as err:
         part.skipped = str(err)
     except ModuleNotFoundError as err:
@@ -145,14 +197,27 @@ def run_part(key: str, setup: Setup, state: dict[str, Any], deadline: float) -> 
     except Exception as err:
         part.failed = f"{type(err).__name__} ({where(err)}): {str(err).splitlines()[0][:300]}"
     part.seconds = time.monotonic() - start
-    if torch.device(setup.device).type == "cuda":
+    part.compile_s += compile_seconds() - compiled
+    if setup.cuda:
         torch.cuda.empty_cache()  # the next parts' training processes share the device
     return part
 
 
+def destination(args: argparse.Namespace, setup: Setup, parts: list[Part]) -> Path | None:
+    """Where this run's GPU section goes: ``--results`` when given; else
+    ``bench/RESULTS.md`` for a CUDA run of every part at full size in which every part
+    ran and passed (the committed section is a whole run's, with nothing skipped);
+    nowhere for any other run."""
+    if args.results is not None:
+        return args.results
+    whole = [p.key for p in parts] == list(PARTS) and all(p.ok for p in parts)
+    if setup.cuda and not setup.smoke and whole:
+        return REPO / "bench" / "RESULTS.md"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    results = args.results if args.results is not None or args.smoke else REPO / "bench/RESULTS.md"
     with tempfile.TemporaryDirectory(prefix="hiertx-gpu-check-") as tmp:
         setup = setup_of(args, Path(tmp))
         env = environment(setup.device)
@@ -160,25 +225,32 @@ def main(argv: list[str] | None = None) -> int:
             f"# GPU check{' (smoke: toy sizes)' if setup.smoke else ''}\n\n{env.markdown()}\n",
             flush=True,
         )
-        deadline = time.monotonic() + args.time_limit
-        state: dict[str, Any] = {"facts": {}, "deadline": deadline}
+        limit = args.time_limit
+        if limit is None:
+            limit = SMOKE_TIME_LIMIT_S if setup.smoke else TIME_LIMIT_S
+        check = Check(setup, time.monotonic() + limit)
         done = []
         for key in PARTS:
-            if key not in args.parts:
-                continue
-            part = run_part(key, setup, state, deadline)
-            done.append(part)
-            print(part.markdown() + "\n", flush=True)
+            if key in args.parts:
+                done.append(run_part(key, check))
+                print(done[-1].markdown() + "\n", flush=True)
         note = (
-            f"parts: {', '.join(args.parts)}; compile backend {setup.backend}; "
-            f"{setup.precision}; peak {setup.peak_tflops or 'n/a'} TFLOP/s; "
+            f"parts: {', '.join(p.key for p in done)}; compile backend {setup.backend} (peers), "
+            f"{setup.loop_backend} (the loop); {setup.precision}; "
+            f"peak {setup.peak_tflops or 'n/a'} TFLOP/s; "
             f"{'toy sizes (--smoke)' if setup.smoke else 'full sizes'}; "
-            f"time limit {args.time_limit:.0f} s"
+            f"time limit {limit:.0f} s"
         )
         text = section(env, done, note)
     print(f"## Summary\n\n{summary(done)}", flush=True)
+    results = destination(args, setup, done)
     if results is not None:
         old = results.read_text() if results.is_file() else "# Benchmarks\n"
         results.write_text(replace_section(old, text))
         print(f"\nwritten: the GPU section of {results}")
+    else:
+        print(
+            "\nnot written: bench/RESULTS.md takes a CUDA run of every part at full size "
+            "that passes; --results PATH writes this run's section there"
+        )
     return 1 if any(p.failed for p in done) else 0

@@ -4,27 +4,23 @@ block masks) at 300 and 1,200 history tokens, on the device, at HIER's sizes."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from bench import bench_hier_attention
+from bench.bench_hier_attention import hier_attention_rows
 from bench.common import DTYPES, number, table
-from bench.gpu_check.report import Headline, Missing, Part, Setup
+from bench.gpu_check.report import Check, Headline, Part
 
 HISTORIES = (300, 1200)
 TOY_HISTORIES = (24,)
 COLUMNS = {"encoder_fwd": "encoder fwd", "encoder_train": "encoder fwd+bwd", "step": "step"}
 
 
-def hier_rows(setup: Setup, part: Part, state: dict[str, Any]) -> None:
+def hier_rows(check: Check, part: Part) -> None:
     """The rows, one per history length and layout, speed-ups over the masked layout."""
-    rows_of = getattr(bench_hier_attention, "hier_attention_rows", None)
-    if rows_of is None:
-        raise Missing("bench.bench_hier_attention has no hier_attention_rows in this checkout")
+    setup = check.setup
     histories = TOY_HISTORIES if setup.smoke else HISTORIES
     dtype = None if setup.dtype == "fp32" else DTYPES[setup.dtype]
-    rows = rows_of(
+    rows = hier_attention_rows(
         torch.device(setup.device), dtype, histories, setup.repeats, setup.smoke, setup.warmup
     )
     cells = []

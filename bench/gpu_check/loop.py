@@ -1,13 +1,18 @@
 """The loop's parts: the paper profile's PTB runs through the project's own loop
 (``plan_training`` -> ``train_job`` -> ``train_local``), each training a process of its own.
 
-- **throughput**: ``gpt-ptb`` alone, then ``Setup.processes`` copies of it at once on the
-  one device: steady tokens/s and steps/s per process and in all, the overlap of the
-  processes, MFU by 6 x parameters x tokens;
-- **four runs** (issue 33): ``gpt``, ``congruent_gpt``, ``hgpt`` and ``congruent_hgpt`` on
-  PTB with the profile's recipe, at once, for as many whole epochs as the part's budget
-  fits (estimated from the throughput part's rate); the epoch time measured between
+- **throughput** (``loop``): ``gpt-ptb`` alone, then ``Setup.processes`` copies of it at
+  once on the one device: steady tokens/s and steps/s per process and in all, the overlap
+  of the processes, MFU by 6 x parameters x tokens; its rate goes to ``Check.loop_rate``.
+  A smoke run compiles the step (``compile: on``, Inductor) where the CPU's ``auto`` would
+  not: the compiled loop's code paths, short of CUDA;
+- **four runs** (``four``, issue 33): ``gpt``, ``congruent_gpt``, ``hgpt`` and
+  ``congruent_hgpt`` on PTB with the profile's recipe, at once, for as many whole epochs as
+  the part's budget fits (from ``Check.loop_rate``); the epoch time measured between
   evaluations, and the profile's whole run projected from it.
+
+Processes that share the GPU each get an equal share of its free memory
+(``processes.run_at_once``), within which validation finds its largest batch.
 """
 
 from __future__ import annotations
@@ -15,14 +20,14 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from bench.common import number, table
 from bench.gpu_check.processes import Outcome, Rate, loop_job, run_at_once, shared
-from bench.gpu_check.ptb import PTB, RUNS, knobs_line, parameters, steps_per_epoch
-from bench.gpu_check.report import Headline, Missing, Part, Setup
+from bench.gpu_check.ptb import RUNS, knobs_line, parameters, steps_per_epoch
+from bench.gpu_check.report import Check, Headline, LoopRate, Part, Setup
+from pipeline.config import AveragingKind, CompileMode, RunParams
 from pipeline.eval.perplexity import perplexity_of
 from pipeline.plan import RunPlan
 from pipeline.train.loop import TrainJob
@@ -42,26 +47,21 @@ class LoopSizes:
     max_batches_per_epoch: int | None
 
 
-GPU_LOOP = LoopSizes(steps=400, log_every=10, warmup_windows=5, max_batches_per_epoch=None)
+GPU_LOOP = LoopSizes(steps=200, log_every=10, warmup_windows=3, max_batches_per_epoch=None)
 TOY_LOOP = LoopSizes(steps=6, log_every=1, warmup_windows=1, max_batches_per_epoch=3)
 
 
 def _job(plan: RunPlan, setup: Setup, name: str) -> TrainJob:
-    """The plan's job in ``<scratch>/<name>``, compiling (where the loop compiles) with the
-    check's backend where this checkout's loop takes one."""
-    folder = setup.scratch / name
-    try:
-        return loop_job(plan, folder, compile_backend=setup.backend)
-    except Missing:
-        return loop_job(plan, folder)
+    """The plan's job in ``<scratch>/<name>``, compiling (where the plan compiles) with the
+    check's backend."""
+    return loop_job(plan, setup.scratch / name, compile_backend=setup.loop_backend)
 
 
-def _limit(setup: Setup, part: Part, state: dict[str, Any]) -> float:
+def _limit(check: Check, part: Part) -> float:
     """Seconds the part's processes may run before they are killed: twice its budget (six
     times in a smoke run, whose processes' start-up alone can take most of a minute on a
     busy 2-core machine), and never past the check's time limit."""
-    left = state["deadline"] - time.monotonic()
-    return max(1.0, min(part.budget_s * (6 if setup.smoke else 2), left))
+    return max(1.0, min(part.budget_s * (6 if check.setup.smoke else 2), check.seconds_left()))
 
 
 def _errors(outcomes: list[Outcome]) -> str | None:
@@ -75,11 +75,10 @@ def _mfu(setup: Setup, n_params: int, tokens_per_s: float) -> str:
     return f"{6 * n_params * tokens_per_s / (setup.peak_tflops * 1e12):.1%}"
 
 
-def throughput(setup: Setup, part: Part, state: dict[str, Any]) -> None:
-    """The throughput part (module docstring); records the per-process rate at
-    ``setup.processes`` and the start-up time in ``state["facts"]`` for the four runs."""
-    ptb: PTB = state["ptb"]
-    facts: dict[str, float] = state["facts"]
+def throughput(check: Check, part: Part) -> None:
+    """The throughput part (module docstring); its rate with ``setup.processes`` at once
+    goes to ``check.loop_rate`` for the four runs."""
+    setup, ptb = check.setup, check.ptb()
     sizes = TOY_LOOP if setup.smoke else GPU_LOOP
     knobs = {
         "epochs": 10**6,  # max_steps ends the run
@@ -90,12 +89,15 @@ def throughput(setup: Setup, part: Part, state: dict[str, Any]) -> None:
         "max_batches_per_epoch": sizes.max_batches_per_epoch,
         "max_eval_batches": 2,
     }
+    if setup.smoke:  # the compiled loop's code paths, where the CPU's auto would not compile
+        knobs["compile"] = CompileMode.ON
     plan = ptb.plan("gpt-ptb", **knobs)
     n_params = parameters(plan)
     rows, lines = [], [f"- gpt-ptb: {n_params / 1e6:.1f}M parameters; {knobs_line(plan)}"]
     for n in sorted({1, setup.processes}):
         jobs = {f"gpt-{n}-{i}": _job(plan, setup, f"throughput-{n}-{i}") for i in range(n)}
-        outcomes = run_at_once(jobs, setup.device, _limit(setup, part, state))
+        outcomes = run_at_once(jobs, setup.device, _limit(check, part))
+        part.compile_s += max(o.compile_s for o in outcomes)
         error = _errors(outcomes)
         if error is not None:
             part.failed = f"{n} process(es): {error}"
@@ -106,11 +108,12 @@ def throughput(setup: Setup, part: Part, state: dict[str, Any]) -> None:
             sum(r.steps_per_s for r in together.rates.values()),
         )
         each = list(together.rates.values())
-        facts["startup_s"] = max(_first_step(o) - o.spawned for o in outcomes)
+        startup = max(_first_step(o) - o.spawned for o in outcomes)
         rows.append(
             [
                 n,
-                f"{facts['startup_s']:.0f}",
+                f"{startup:.0f}",
+                f"{max(o.compile_s for o in outcomes):.0f}",
                 number(statistics.median(r.tokens_per_s for r in each)),
                 f"{statistics.median(r.steps_per_s for r in each):.1f}",
                 number(total.tokens_per_s),
@@ -120,7 +123,8 @@ def throughput(setup: Setup, part: Part, state: dict[str, Any]) -> None:
             ]
         )
         if n == setup.processes:
-            facts["steps_per_s_each"] = statistics.median(r.steps_per_s for r in each)
+            each_steps = statistics.median(r.steps_per_s for r in each)
+            check.loop_rate = LoopRate(n, each_steps, startup)
             baseline = BASELINE_EACH_TOKENS * BASELINE_PROCESSES
             part.headlines += [
                 Headline(
@@ -140,92 +144,106 @@ def throughput(setup: Setup, part: Part, state: dict[str, Any]) -> None:
     lines.append(
         f"- {sizes.steps} steps per process, logged every {sizes.log_every}; start-up: from "
         "starting the processes to the last one's first logged window (building, compiling); "
-        "steady windows: "
+        "compiling: the slowest process's (dynamo's clock; the processes after the first "
+        "read the Inductor cache it wrote on disk); steady windows: "
         f"after the first {sizes.warmup_windows}, none holding an evaluation; tokens are the "
         "loop's scored tokens (every word and `<eos>`)"
     )
-    headers = ["processes", "start-up s", "tokens/s each", "steps/s each", "tokens/s in all"]
-    headers += ["steps/s in all", "MFU in all", "overlap"]
+    headers = ["processes", "start-up s", "compiling s", "tokens/s each", "steps/s each"]
+    headers += ["tokens/s in all", "steps/s in all", "MFU in all", "overlap"]
     part.text += ["\n".join(lines), table(headers, rows)]
 
 
-def epochs_that_fit(budget_s: float, facts: dict[str, float], per_epoch: int, profile: int) -> int:
-    """Whole epochs of the four runs that fit ``budget_s`` at the throughput part's rate
-    per process with ``--processes`` trainings at once (4 by default, as here) and its
+def epochs_that_fit(budget_s: float, rate: LoopRate | None, per_epoch: int, profile: int) -> int:
+    """Whole epochs of the four runs that fit ``budget_s`` at the loop part's rate per
+    process with ``--processes`` trainings at once (4 by default, as here) and its
     start-up, with a margin (HGPT is slower than GPT, and compiles afresh); at least 2
-    (so one epoch is timed without the start-up), at most the profile's."""
-    rate, startup = facts.get("steps_per_s_each"), facts.get("startup_s", 30.0)
-    if not rate:
+    (so one epoch is timed without the start-up), at most the profile's; 2 without a
+    measured rate."""
+    if rate is None or not rate.steps_per_s_each:
         return 2
-    epoch_s = per_epoch / rate
-    return max(2, min(profile, math.floor(0.6 * (budget_s - startup) / epoch_s)))
+    epoch_s = per_epoch / rate.steps_per_s_each
+    return max(2, min(profile, math.floor(0.6 * (budget_s - rate.startup_s) / epoch_s)))
 
 
-def sized_knobs(knobs: Any, epochs: int) -> dict[str, Any]:
+def sized_knobs(knobs: RunParams, epochs: int) -> dict[str, Any]:
     """Knob changes that make the profile's run ``epochs`` long, its averaged epochs (where
     the recipe averages) scaled in proportion."""
     update: dict[str, Any] = {"epochs": epochs}
-    averaging = getattr(knobs, "averaging", None)
-    if averaging is not None and averaging.kind != "none":
+    averaging = knobs.averaging
+    if averaging.kind != AveragingKind.NONE:
         kept = math.floor(epochs * averaging.epochs / knobs.epochs)
-        off = averaging.model_copy(update={"kind": type(averaging.kind)("none")})
+        off = averaging.model_copy(update={"kind": AveragingKind.NONE})
         update["averaging"] = averaging.model_copy(update={"epochs": kept}) if kept else off
     return update
 
 
-def four_runs(setup: Setup, part: Part, state: dict[str, Any]) -> None:
-    """The four 6-layer PTB runs of the profile at once (module docstring)."""
-    ptb: PTB = state["ptb"]
-    facts: dict[str, float] = state["facts"]
+def four_runs(check: Check, part: Part) -> None:
+    """The four 6-layer PTB runs of the profile at once (module docstring). A run that
+    fails (out of memory, say) is a row saying so and fails the part; the others' rows
+    are still measured."""
+    setup, ptb = check.setup, check.ptb()
     profile_knobs = ptb.request(RUNS[0]).knobs
     logging = {"max_batches_per_epoch": 2, "log_every": 1} if setup.smoke else {"log_every": 10}
     probe = ptb.plan(RUNS[0], **logging)
     per_epoch = steps_per_epoch(probe)
-    epochs = (
-        2 if setup.smoke else epochs_that_fit(part.budget_s, facts, per_epoch, profile_knobs.epochs)
-    )
+    rate = check.loop_rate
+    fit = epochs_that_fit(part.budget_s, rate, per_epoch, profile_knobs.epochs)
+    epochs = 2 if setup.smoke else fit
     plans = {
         key: ptb.plan(key, **logging, **sized_knobs(ptb.request(key).knobs, epochs)) for key in RUNS
     }
     jobs = {key: _job(plan, setup, f"four-{key}") for key, plan in plans.items()}
-    limit = _limit(setup, part, state)
+    limit = _limit(check, part)
     outcomes = run_at_once(jobs, setup.device, limit)
+    part.compile_s += max(o.compile_s for o in outcomes)
     # A run stopped at the time limit still timed the epochs it finished.
-    error = _errors([o for o in outcomes if not (o.killed and len(o.eval_times) >= 2)])
-    if error is not None:
-        part.failed = error
+    timed = [o for o in outcomes if o.error is None or (o.killed and len(o.eval_times) >= 2)]
+    part.failed = _errors([o for o in outcomes if o not in timed])
+    if not timed:
         return
     rows, epoch_times = [], []
-    together = shared(outcomes, 1)
+    together = shared(timed, 1)
     for o in outcomes:
+        full = ptb.request(o.label).knobs.epochs
+        if o not in timed:
+            rows.append([o.label, f"{parameters(plans[o.label]) / 1e6:.1f}M", f"FAILED: {o.error}"])
+            rows[-1] += [""] * 6
+            continue
         evals = o.eval_times
         later = [b - a for a, b in itertools.pairwise(evals)]
         epoch_s = statistics.median(later) if later else evals[0] - o.spawned
         epoch_times.append(epoch_s)
-        full = ptb.request(o.label).knobs.epochs
         best = [line["best_valid_loss"] for line in o.lines if "best_valid_loss" in line]
         ppl = perplexity_of(min(best)) if best else math.nan
-        rate = together.rates[o.label]
         rows.append(
             [
                 o.label,
                 f"{parameters(plans[o.label]) / 1e6:.1f}M",
                 f"{len(evals)}{f' (stopped at {limit:.0f} s)' if o.killed else ''}",
                 f"{evals[0] - o.spawned:.1f}",
+                f"{o.compile_s:.0f}",
                 f"{epoch_s:.1f}",
                 f"{ppl:.1f}",
-                number(rate.tokens_per_s),
+                number(together.rates[o.label].tokens_per_s),
                 f"{full} x {epoch_s:.1f} s = {_clock(full * epoch_s)}",
             ]
         )
     slowest = max(epoch_times)
-    recipe = ptb.request(RUNS[0]).knobs
+    sized = (
+        "a smoke run's"
+        if setup.smoke
+        else f"sized from the loop part's rate ({rate.steps_per_s_each:.1f} steps/s each with "
+        f"{rate.processes} at once, start-up {rate.startup_s:.0f} s)"
+        if rate is not None
+        else "the least (the loop part did not run: no rate to size them from)"
+    )
     part.text += [
         "\n".join(
             [
                 f"- {epochs} epochs of {per_epoch} steps each fit the part's {part.budget_s:.0f} s "
-                f"(sized from the throughput part's rate); {knobs_line(probe)}",
-                f"- the recipe's knobs (gpt-ptb): {_recipe(recipe)}; this sized run: "
+                f"({sized}); {knobs_line(probe)}",
+                f"- the recipe's knobs (gpt-ptb): {_recipe(profile_knobs)}; this sized run: "
                 f"{_recipe(plans[RUNS[0]].knobs, model=False)} (averaged epochs scaled in "
                 "proportion, rounded down: 0 = none)",
                 "- epoch time: the median time between evaluations (each epoch's training, "
@@ -241,6 +259,7 @@ def four_runs(setup: Setup, part: Part, state: dict[str, Any]) -> None:
                 "params",
                 "epochs run",
                 "first epoch s",
+                "compiling s",
                 "epoch s",
                 "best valid ppl",
                 "tokens/s",
@@ -269,7 +288,7 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
-def _recipe(knobs: Any, model: bool = True) -> str:
+def _recipe(knobs: RunParams, model: bool = True) -> str:
     """The knobs of issue 33's recipe as ``knobs`` set them (``model``: its dropouts too)."""
     parts = [
         f"epochs {knobs.epochs}",
@@ -278,10 +297,10 @@ def _recipe(knobs: Any, model: bool = True) -> str:
         f"clip {knobs.clip_norm}",
         f"weight decay {knobs.optimizer.weight_decay:g}",
     ]
-    averaging = getattr(knobs, "averaging", None)
-    if averaging is not None and averaging.kind != "none":
+    averaging = knobs.averaging
+    if averaging.kind != AveragingKind.NONE:
         parts.append(f"averaging {averaging.kind} over the last {averaging.epochs} epochs")
-    elif averaging is not None:
+    else:
         parts.append("no averaging")
     if model:
         dropouts = {k: v for k, v in knobs.model.items() if "dropout" in k}

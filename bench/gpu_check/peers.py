@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from bench.bench_train import SCALES, build, step_flops, train_step
 from bench.common import interleaved, number, synthetic_batch, table, timing_cells
-from bench.gpu_check.report import Headline, Missing, Part, Setup, optional
+from bench.gpu_check.report import Check, Headline, Missing, Part, Setup, optional
 from pipeline.data.batch import Batch, LMBatch
 from pipeline.data.special import EOS_ID, SPECIAL_TOKENS
 from pipeline.models import registry
@@ -262,8 +262,9 @@ def seq2seq_candidates(setup: Setup, notes: list[str]) -> list[Candidate]:
     return out
 
 
-def gpt_vs_gpt2(setup: Setup, part: Part, state: dict[str, Any]) -> None:
+def gpt_vs_gpt2(check: Check, part: Part) -> None:
     """The GPT peer rows (module docstring)."""
+    setup = check.setup
     s = TOY_LM if setup.smoke else GPT2_SMALL
     notes: list[str] = []
     result = measure(gpt_candidates(s, notes, setup.smoke), setup, torch.optim.AdamW)
@@ -290,8 +291,9 @@ def gpt_vs_gpt2(setup: Setup, part: Part, state: dict[str, Any]) -> None:
     ]
 
 
-def seq2seq(setup: Setup, part: Part, state: dict[str, Any]) -> None:
+def seq2seq(check: Check, part: Part) -> None:
     """The seq2seq peer rows (module docstring)."""
+    setup = check.setup
     notes: list[str] = []
     candidates = seq2seq_candidates(setup, notes)
     result = measure(candidates, setup, torch.optim.Adam)

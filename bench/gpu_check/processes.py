@@ -11,6 +11,12 @@ machine's one monotonic clock. From those:
   that holds an evaluation (with its checkpoint);
 - several processes **overlap** over the span where all of them were in steady windows:
   each one's rate there (the windows whose middle lies in it) adds up to the device's.
+
+On CUDA each of N processes may allocate 1/N of the memory free when they start
+(``torch.cuda.set_per_process_memory_fraction``): validation, which starts large and
+halves on out-of-memory (``LargestBatch``), so finds the largest batch that fits its
+share and leaves the others theirs; a training step beyond its share fails that process
+alone, saying so.
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ from typing import Any
 
 import torch
 
-from bench.common import MetricStamps
-from bench.gpu_check.report import Missing, where
+from bench.common import MetricStamps, compile_seconds
+from bench.gpu_check.report import where
 from pipeline.plan import RunPlan
 from pipeline.train.job import train_job
 from pipeline.train.loop import TrainJob, train_local
@@ -57,6 +63,7 @@ class Outcome:
     spawned: float  # when the parent started the process
     error: str | None
     killed: bool = False  # at the time limit: its stamps so far are all there is
+    compile_s: float = 0.0  # spent compiling (dynamo's clock)
 
     def windows(self, warmup: int) -> list[Window]:
         """The steady windows (module docstring)."""
@@ -123,43 +130,68 @@ def loop_job(plan: RunPlan, folder: Path, **fields: Any) -> TrainJob:
     """The loop's job of ``plan`` (``train_job``, no progress) with a folder of its own:
     its checkpoints in ``folder`` (jobs of one plan share a run name, and would resume
     from one another's) and its metrics in ``folder/stamps.jsonl`` (``MetricStamps``);
-    ``fields`` of ``TrainJob`` set. A field this checkout's ``TrainJob`` lacks raises
-    ``Missing`` naming it."""
-    known = {f.name for f in dataclasses.fields(TrainJob)}
-    absent = sorted(set(fields) - known)
-    if absent:
-        raise Missing(f"this checkout's TrainJob has no {', '.join(absent)}")
+    ``fields`` of ``TrainJob`` set."""
     folder.mkdir(parents=True, exist_ok=True)
     job = train_job(plan, MetricStamps(str(folder / "stamps.jsonl")), show_progress=False)
     return dataclasses.replace(job, run_dir=str(folder), **fields)
 
 
-def _child(job: TrainJob, device: str, threads: int, result: str) -> None:
-    """A training process: train ``job`` on ``device``; write the outcome to ``result``."""
+@dataclass(frozen=True)
+class MemoryShare:
+    """What a process sharing a GPU may allocate: ``fraction`` of the card."""
+
+    fraction: float
+    gib: float  # the same, in GiB
+    processes: int
+
+    @classmethod
+    def of(cls, processes: int) -> MemoryShare:
+        """An equal share of the memory free now, for each of ``processes``."""
+        free, total = torch.cuda.mem_get_info()
+        return cls(free / total / processes, free / processes / 2**30, processes)
+
+
+def _child(
+    job: TrainJob, device: str, threads: int, share: MemoryShare | None, result: str
+) -> None:
+    """A training process: train ``job`` on ``device`` within its ``share`` of the GPU's
+    memory; write the outcome (error, seconds compiling) to ``result``."""
     torch.set_num_threads(threads)
-    out: dict[str, str | None] = {"error": None}
+    if share is not None:
+        torch.cuda.set_per_process_memory_fraction(share.fraction)
+    error = None
     try:
         train_local(job, torch.device(device))
+    except torch.cuda.OutOfMemoryError as err:
+        assert share is not None
+        error = (
+            f"out of memory ({where(err)}) within its share, {share.gib:.1f} GiB (1/"
+            f"{share.processes} of the free memory): train fewer at once (--processes) or "
+            "smaller batches (train.defaults.batch_tokens)"
+        )
     except Exception as err:  # reported by the parent, which goes on with the other parts
-        out["error"] = f"{type(err).__name__} ({where(err)}): {str(err).splitlines()[0][:300]}"
-    Path(result).write_text(json.dumps(out))
+        error = f"{type(err).__name__} ({where(err)}): {str(err).splitlines()[0][:300]}"
+    Path(result).write_text(json.dumps({"error": error, "compile_s": compile_seconds()}))
 
 
 def run_at_once(jobs: dict[str, TrainJob], device: str, timeout_s: float) -> list[Outcome]:
-    """Train ``jobs`` (``loop_job``'s) at once, one process each, on ``device``.
-    Processes still running after ``timeout_s`` are killed (their outcome says so)."""
+    """Train ``jobs`` (``loop_job``'s) at once, one process each, on ``device`` (on CUDA,
+    each within an equal share of the free memory: ``MemoryShare``). Processes still
+    running after ``timeout_s`` are killed (their outcome says so)."""
     # CUDA cannot be forked once initialised; a fork server can: it imports this module
     # (torch, the loop) once, initialises no device, and forks each training from itself.
     # torch._dynamo too: a torch optimizer imports it when built (seconds a process).
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__, "torch._dynamo"])
     threads = max(1, (os.cpu_count() or 1) // len(jobs))
+    share = MemoryShare.of(len(jobs)) if torch.device(device).type == "cuda" else None
     procs = {}
     spawned = time.monotonic()
     for label, job in jobs.items():
         result = Path(job.run_dir) / "result.json"
         result.unlink(missing_ok=True)
-        proc = context.Process(target=_child, args=(job, device, threads, str(result)))
+        args = (job, device, threads, share, str(result))
+        proc = context.Process(target=_child, args=args)
         proc.start()
         procs[label] = (proc, result)
     deadline = time.monotonic() + timeout_s
@@ -176,5 +208,7 @@ def run_at_once(jobs: dict[str, TrainJob], device: str, timeout_s: float) -> lis
         if not out:
             why = f"killed at the time limit ({timeout_s:.0f} s)" if killed else "died"
             out["error"] = f"the process {why}, exit code {proc.exitcode}"
-        outcomes.append(Outcome(label, tuple(sink.read()), spawned, out["error"], killed))
+        lines = tuple(sink.read())
+        compile_s = out.get("compile_s", 0.0)
+        outcomes.append(Outcome(label, lines, spawned, out["error"], killed, compile_s))
     return outcomes

@@ -3,10 +3,10 @@ a scratch project, and the paper profile's PTB runs planned on it.
 
 The GPU machine has no internet and carries only the git tree, so the files come from a
 folder given with ``--ptb DIR`` (``ptb.train.txt``, ``ptb.valid.txt``, ``ptb.test.txt``;
-copy them under the git-ignored ``data/raw/ptb`` and pass ``--ptb data/raw/ptb``). They
-are tokenized with the profile's ``tokenize.corpora.ptb`` settings into
-``<scratch>/data/shards/ptb`` (the layout ``plan_training`` reads), exactly as the tokenize
-stage would.
+by default the git-ignored ``data/raw/ptb``, where the download stage puts them). They
+are tokenized with the profile's ``tokenize.corpora.ptb`` settings into the scratch
+project's shards folder (``Layout.shards``, where ``plan_training`` reads them), exactly as
+the tokenize stage would.
 
 A run's plan is ``plan_training`` of the profile's request for it, with the knobs the part
 sets (steps, epochs, logging; toy widths in a smoke run), in-process (no Ray workers), its
@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts import Layout
 from pipeline.config import Params
 from pipeline.models import registry
 from pipeline.models.base import count_parameters
@@ -63,8 +64,7 @@ class PTB:
 
         self.params: Params = load_checked(profile)
         self.root, self.smoke = root, smoke
-        shards = root / "data" / "shards" / "ptb"
-        self.record = tokenize_corpus("ptb", folder, shards, self.params)
+        self.record = tokenize_corpus("ptb", folder, Layout(root).shards("ptb"), self.params)
 
     def request(self, key: str) -> RunRequest:
         return RunRequest.of(self.params, key)
@@ -79,7 +79,7 @@ class PTB:
             toy = {k: v for k, v in TOY_MODEL.items() if k in fields}
             update |= {"model": {**base.model, **toy}, "batch_size": TOY_BATCH}
             update["eval_batch_size"] = TOY_BATCH
-            if getattr(base, "batch_tokens", None) is not None:
+            if base.batch_tokens is not None:
                 update["batch_tokens"] = TOY_BATCH_TOKENS
         placement = request.placement.model_copy(update={"storage_path": str(self.root / "runs")})
         request = request.model_copy(
@@ -106,9 +106,7 @@ def steps_per_epoch(plan: RunPlan) -> int:
 def knobs_line(plan: RunPlan) -> str:
     """The knobs that decide a run's speed, as the part prints them."""
     k = plan.knobs
-    parts = [f"batch_size {k.batch_size}"]
-    for name in ("batch_tokens", "compile"):
-        if hasattr(k, name):
-            parts.append(f"{name} {getattr(k, name)}")
-    parts.append(f"precision {k.precision.value}")
-    return ", ".join(parts)
+    return (
+        f"batch_size {k.batch_size}, batch_tokens {k.batch_tokens}, compile {k.compile}, "
+        f"precision {k.precision}"
+    )

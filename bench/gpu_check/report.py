@@ -1,5 +1,6 @@
-"""What every part of the GPU check shares: its settings (``Setup``), its result (``Part``),
-optional packages, and the summary written into ``bench/RESULTS.md``'s GPU section.
+"""What every part of the GPU check shares: its settings (``Setup``), what one part hands
+to a later one (``Check``), its result (``Part``), optional packages, and the summary
+written into the GPU section of a results file.
 
 The issues' targets and the numbers they measured (one H200, main at ab321a2) are here,
 once: the summary prints them beside each measured number.
@@ -9,15 +10,26 @@ from __future__ import annotations
 
 import importlib
 import re
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
 
 from bench.common import Environment, table
 
+if TYPE_CHECKING:
+    from bench.gpu_check.ptb import PTB
+
 REPO = Path(__file__).resolve().parents[2]
 SECTION = "## GPU"  # the heading of RESULTS.md's GPU section (the text after it is free)
+RERUN = (
+    "to measure again: `python -m bench.gpu_check --ptb data/raw/ptb` on one GPU, or the "
+    'GPU kit\'s `run.sh` part by part (README, "On a GPU, one command")'
+)
 BASELINE = "issue 32/33: one H200, torch 2.11+cu130, main at ab321a2"
 # Dense bf16 peak TFLOP/s by card name (the SXM parts; their PCIe/NVL parts are lower).
 PEAKS = {"H100": 989.0, "H200": 989.0}
@@ -50,13 +62,13 @@ def peak_tflops(card: str) -> float | None:
 
 @dataclass(frozen=True)
 class Setup:
-    """The check's settings, the same for every part (``device``/``dtype`` as
-    ``bench_train.train_step`` reads them)."""
+    """The check's settings, the same for every part."""
 
     device: str
     dtype: str  # the peers' autocast dtype: bf16 on CUDA, fp32 on CPU
     smoke: bool
     backend: str  # torch.compile backend of the peer rows
+    loop_backend: str  # torch.compile backend of the loop's compiled steps
     repeats: int
     warmup: int
     peak_tflops: float | None
@@ -67,9 +79,52 @@ class Setup:
     scratch: Path
 
     @property
+    def cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
+
+    @property
     def precision(self) -> str:
         """How the peers' steps run, in words."""
         return "fp32 (no autocast)" if self.dtype == "fp32" else f"{self.dtype} autocast"
+
+
+@dataclass(frozen=True)
+class LoopRate:
+    """What the ``loop`` part measured that sizes the ``four`` part: the median steps/s of
+    one training among ``processes`` at once, and their start-up (from starting the
+    processes to the last one's first logged window: building, compiling)."""
+
+    processes: int
+    steps_per_s_each: float
+    startup_s: float
+
+
+@dataclass
+class Check:
+    """One run of the check as its parts see it: the settings, the time limit, the PTB
+    corpus (tokenized on first use, once) and what an earlier part measured for a later
+    one. Each field after ``deadline`` has one writer and names its readers; a reader that
+    finds it None (its writer did not run, or failed) goes on without it and says so."""
+
+    setup: Setup
+    deadline: float  # time.monotonic() after which no part starts and trainings are killed
+    loop_rate: LoopRate | None = None  # written by ``loop``; read by ``four``
+    _ptb: PTB | None = field(default=None, repr=False)
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def ptb(self) -> PTB:
+        """The profile's PTB runs on the ``--ptb`` corpus (``ptb.PTB``); ``Missing``
+        without ``--ptb``."""
+        if self._ptb is None:
+            from bench.gpu_check.ptb import PTB
+
+            s = self.setup
+            if s.ptb is None:
+                raise Missing("no --ptb DIR (a folder with ptb.{train,valid,test}.txt)")
+            self._ptb = PTB(s.profile, s.ptb, s.scratch / "project", s.smoke)
+        return self._ptb
 
 
 @dataclass(frozen=True)
@@ -94,6 +149,11 @@ class Part:
     skipped: str | None = None
     failed: str | None = None
     seconds: float = 0.0
+    compile_s: float = 0.0  # of ``seconds``: compiling (dynamo's clock; the slowest process)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None and self.skipped is None
 
     @property
     def status(self) -> str:
@@ -102,7 +162,7 @@ class Part:
         if self.skipped is not None:
             return f"skipped: {self.skipped}"
         over = f" (over its {self.budget_s:.0f} s budget)" if self.seconds > self.budget_s else ""
-        return f"ran in {self.seconds:.0f} s{over}"
+        return f"ran in {self.seconds:.0f} s{over}; compiling {self.compile_s:.0f} s of it"
 
     def markdown(self) -> str:
         body = "\n\n".join(self.text) if self.text else ""
@@ -114,14 +174,15 @@ def summary(parts: list[Part]) -> str:
     for every part without one (skipped, failed)."""
     rows: list[list[object]] = []
     for part in parts:
-        spent = f"{part.seconds:.0f} / {part.budget_s:.0f}"
-        if part.headlines and part.failed is None and part.skipped is None:
+        spent = f"{part.seconds:.0f} / {part.budget_s:.0f} ({part.compile_s:.0f})"
+        if part.headlines and part.ok:
             rows += [
                 [part.title, h.what, h.value, h.target, h.baseline, spent] for h in part.headlines
             ]
         else:
             rows.append([part.title, part.status, "", "", "", spent])
-    headers = ["part", "what", "measured", "target", f"baseline ({BASELINE})", "s / budget s"]
+    headers = ["part", "what", "measured", "target", f"baseline ({BASELINE})"]
+    headers.append("s / budget s (compiling s)")
     return table(headers, rows)
 
 
@@ -133,6 +194,7 @@ def section(env: Environment, parts: list[Part], note: str) -> str:
         "",
         env.markdown(),
         f"- {note}",
+        f"- {RERUN}",
         "",
         summary(parts),
     ]

@@ -11,21 +11,18 @@ same hook unchecked, and the part says so.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from bench.gpu_check.processes import loop_job
-from bench.gpu_check.ptb import PTB
-from bench.gpu_check.report import Headline, Part, Setup, where
+from bench.gpu_check.report import Check, Headline, Part, where
 from pipeline.train.loop import train_local
 
 RUNS = ("gpt-ptb", "hgpt-ptb")
 
 
-def sync_checks(setup: Setup, part: Part, state: dict[str, Any]) -> None:
+def sync_checks(check: Check, part: Part) -> None:
     """Train ``RUNS`` a few steps each with the sync debug mode "error" (module docstring)."""
-    ptb: PTB = state["ptb"]
+    setup, ptb = check.setup, check.ptb()
     steps, log_every = (4, 2) if setup.smoke else (40, 10)
     knobs = {
         "epochs": 10**6,
@@ -35,14 +32,14 @@ def sync_checks(setup: Setup, part: Part, state: dict[str, Any]) -> None:
         "checkpoint_every": None,
         "max_eval_batches": 2,
     }
-    cuda = torch.device(setup.device).type == "cuda"
+    cuda = setup.cuda
     rows, failed = [], []
     for key in RUNS:
         job = loop_job(
             ptb.plan(key, **knobs),
             setup.scratch / f"sync-{key}",
             sync_debug="error",
-            compile_backend=setup.backend,
+            compile_backend=setup.loop_backend,
         )
         try:
             train_local(job, torch.device(setup.device))

@@ -16,11 +16,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from bench.common import MetricStamps
-from bench.gpu_check.cli import PARTS, parser, setup_of
+from bench.gpu_check import cli
+from bench.gpu_check.cli import PARTS, Spec, parser, setup_of
 from bench.gpu_check.loop import epochs_that_fit, sized_knobs
 from bench.gpu_check.peers import TOY_LM, gpt_candidates, lm_batch, our_gpt
 from bench.gpu_check.processes import Outcome, run_at_once, shared
-from bench.gpu_check.report import Part, peak_tflops, replace_section, summary
+from bench.gpu_check.report import Check, LoopRate, Part, peak_tflops, replace_section, summary
 from pipeline.config import RunParams
 from pipeline.data.special import EOS_ID
 from pipeline.train.loop import TrainJob
@@ -62,14 +63,16 @@ def top_levels(distributions: set[str]) -> set[str]:
     }
 
 
-def bare_environment(log: Path) -> dict[str, str]:
+def bare_environment(log: Path, lacking: tuple[str, ...] = ()) -> dict[str, str]:
     """Environment variables that make a Python process (and those it spawns) a bare GPU
-    machine's (``tests/bench/bare_site/sitecustomize.py``), with transformers optional."""
+    machine's (``tests/bench/bare_site/sitecustomize.py``), with transformers optional;
+    ``lacking``: top-level packages that machine does not have either."""
     allowed = top_levels(requirement_closure(BARE)) | set(PROJECT)
     optional = top_levels({canonicalize_name(name) for name in OPTIONAL})
     brought = top_levels(requirement_closure(OPTIONAL)) - allowed - optional
     installed = set(importlib.metadata.packages_distributions())
     denied = installed - allowed - optional - brought - set(sys.stdlib_module_names)
+    denied |= set(lacking)
     assert denied >= CLUSTER  # installed here, absent there
     site = REPO / "tests" / "bench" / "bare_site"
     return {
@@ -164,11 +167,11 @@ def test_results_section_is_replaced_in_place_or_appended() -> None:
 
 
 def test_summary_lists_every_part_with_its_status() -> None:
-    ran = Part("gpt2", "peers", 100, seconds=12.0)
+    ran = Part("gpt2", "peers", 100, seconds=12.0, compile_s=7.4)
     skipped = Part("loop", "the loop", 70, skipped="no --ptb DIR")
     failed = Part("sync", "syncs", 40, failed="RuntimeError (x.py:3): synced", seconds=41.0)
     text = summary([ran, skipped, failed])
-    assert "| peers | ran in 12 s |" in text
+    assert "| peers | ran in 12 s; compiling 7 s of it |  |  |  | 12 / 100 (7) |" in text
     assert "| the loop | skipped: no --ptb DIR |" in text
     assert "| syncs | FAILED: RuntimeError (x.py:3): synced |" in text
     assert failed.status.startswith("FAILED") and "over its" not in ran.status
@@ -201,12 +204,13 @@ def test_shared_rates_count_the_span_where_all_processes_ran() -> None:
 
 
 def test_the_four_runs_take_the_epochs_that_fit() -> None:
-    facts = {"steps_per_s_each": 10.0, "startup_s": 30.0}
+    rate = LoopRate(processes=4, steps_per_s_each=10.0, startup_s=30.0)
     # 132 steps at 10 steps/s: 13.2 s an epoch; 0.6 of the 90 s left after start-up: 4
-    assert epochs_that_fit(120.0, facts, 132, 175) == 4
-    assert epochs_that_fit(120.0, {}, 132, 175) == 2  # no measured rate: the least
-    assert epochs_that_fit(120.0, {"steps_per_s_each": 1e6}, 132, 30) == 30  # the profile's
-    assert epochs_that_fit(10.0, facts, 132, 175) == 2  # at least two: one timed apart
+    assert epochs_that_fit(120.0, rate, 132, 175) == 4
+    assert epochs_that_fit(120.0, None, 132, 175) == 2  # the loop did not run: the least
+    fast = LoopRate(processes=4, steps_per_s_each=1e6, startup_s=30.0)
+    assert epochs_that_fit(120.0, fast, 132, 30) == 30  # the profile's
+    assert epochs_that_fit(10.0, rate, 132, 175) == 2  # at least two: one timed apart
 
 
 def test_sized_runs_scale_the_averaged_epochs() -> None:
@@ -233,6 +237,105 @@ def test_bad_arguments_stop_before_any_compute(tmp_path: Path) -> None:
     assert stop("--profile", "nope.yaml") == "--profile nope.yaml: no such file"
     if not torch.cuda.is_available():
         assert stop(device="cuda").startswith("--device cuda: no CUDA device here; --device cpu")
+
+
+def test_a_cpu_run_at_full_size_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 43: ``--device cpu`` without ``--smoke`` ran HIER at full size (400 s over a
+    40 s budget) and ``--parts sync`` wrote its section over the committed one."""
+    monkeypatch.setattr(cli, "REPO", tmp_path)  # where bench/RESULTS.md would be written
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["--device", "cpu", "--parts", "sync", "--time-limit", "0"])
+    assert "add --smoke" in str(stopped.value)
+    assert not (tmp_path / "bench" / "RESULTS.md").exists()
+
+
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, root: Path) -> Path:
+    """A machine whose CUDA device ``cli.main`` believes in (no part may touch it), with
+    ``root`` as the repository: its ``bench/RESULTS.md`` returned."""
+    monkeypatch.setattr(cli, "REPO", root)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    (root / "bench").mkdir()
+    results = root / "bench" / "RESULTS.md"
+    results.write_text("# Benchmarks\n\n## GPU\n\ncommitted\n")
+    return results
+
+
+class Passing(Spec):
+    """A part that runs nothing and passes."""
+
+    def run(self, check: Check, part: Part) -> None:
+        part.text.append("nothing measured")
+
+
+class Failing(Spec):
+    def run(self, check: Check, part: Part) -> None:
+        raise RuntimeError("broken")
+
+
+def test_only_a_whole_passing_cuda_run_writes_bench_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CUDA run of some parts, or one whose parts did not all run and pass, leaves
+    ``bench/RESULTS.md`` as it is (main wrote a subset's section over it); ``--results``
+    takes any run's section; a CUDA run of every part that passes writes it."""
+    results = fake_cuda(monkeypatch, tmp_path)
+
+    def main(*argv: str) -> int:
+        return cli.main([*argv, "--profile", str(REPO / "profiles" / "paper.yaml")])
+
+    assert main("--parts", "sync", "--time-limit", "0") == 0  # skipped: no time left
+    assert results.read_text().endswith("committed\n")
+    assert "not written: bench/RESULTS.md takes a CUDA run" in capsys.readouterr().out
+    assert main("--time-limit", "0") == 0  # every part, none run
+    assert results.read_text().endswith("committed\n")
+    elsewhere = tmp_path / "mine.md"
+    assert main("--parts", "sync", "--time-limit", "0", "--results", str(elsewhere)) == 0
+    assert "| Sync checks" in elsewhere.read_text()
+    passing = {k: Passing(s.title, s.budget_s, False, "") for k, s in PARTS.items()}
+    monkeypatch.setattr(cli, "PARTS", dict(passing, hier=Failing("HIER", 1, False, "")))
+    assert main() == 1
+    assert results.read_text().endswith("committed\n")
+    monkeypatch.setattr(cli, "PARTS", passing)
+    assert main("--smoke") == 0  # toy sizes
+    assert results.read_text().endswith("committed\n")
+    assert main() == 0
+    written = results.read_text()
+    assert "committed" not in written and "## GPU (`python -m bench.gpu_check`)" in written
+    assert "to measure again: `python -m bench.gpu_check" in written
+
+
+def test_a_machine_without_pydantic_is_told_in_one_line(tmp_path: Path) -> None:
+    """The bare GPU machine lacks pydantic: the check says so in one line, before any
+    part, where main stopped with a traceback from ``pipeline.config``."""
+    env = bare_environment(tmp_path / "loaded.log", lacking=("pydantic",))
+    command = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--smoke"]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("python -m bench.gpu_check: pydantic not installed; pip ")
+
+
+def test_the_parts_run_in_the_order_a_first_gpu_run_needs(tmp_path: Path) -> None:
+    """Issue 40: the loop, the four runs, then the peers, then HIER; the README gives the
+    GPU kit the PHASES of that order (its default puts hier before the peers)."""
+    order = list(PARTS)
+    assert order.index("loop") < order.index("four") < order.index("gpt2") < order.index("hier")
+    assert order.index("seq2seq") < order.index("hier")
+    assert f'PHASES="{" ".join(order)}"' in (REPO / "README.md").read_text()
+    assert sum(spec.budget_s for spec in PARTS.values()) <= cli.TIME_LIMIT_S
+
+
+def test_parts_share_typed_results(tmp_path: Path) -> None:
+    """What the loop measured reaches the four runs through ``Check.loop_rate``; the
+    corpus is only read when a part asks for it, and says what is missing."""
+    setup = setup_of(parser().parse_args(["--device", "cpu", "--smoke"]), tmp_path)
+    check = Check(setup, deadline=time.monotonic() + 60)
+    assert check.loop_rate is None and 59 < check.seconds_left() <= 60
+    if setup.ptb is None:
+        with pytest.raises(cli.Missing, match="no --ptb DIR"):
+            check.ptb()
 
 
 def test_peak_by_card_name() -> None:
