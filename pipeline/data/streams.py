@@ -97,7 +97,7 @@ class TextStream:
             return begin, end
         return int(self.starts[begin]), int(self.starts[end])
 
-    def example(self, bounds: np.ndarray, unit: Unit, name: str = "stream") -> LMExample:
+    def example(self, bounds: np.ndarray, unit: Unit) -> LMExample:
         """Window ``bounds`` (context begin, target begin, target end; in ``unit``) as one
         document: one row of tokens, or its whole sentences; its context unscored."""
         first, scored, end = (int(b) for b in bounds)
@@ -108,7 +108,7 @@ class TextStream:
         else:
             edges = self.starts[first : end + 1]
             rows = [self.tokens[a:b] for a, b in itertools.pairwise(edges)]
-        return LMExample(name, scored, rows, context=mid - lo)
+        return LMExample("stream", scored, rows, context=mid - lo)
 
     def tokens_of(self, bounds: np.ndarray, unit: Unit) -> np.ndarray:
         """Per window, its tokens (context and target): ``[K]``."""
@@ -196,10 +196,6 @@ class StreamExamples:
     def token_counts(self) -> np.ndarray:
         """Per window, its tokens (context included): what it brings to a batch."""
         return self.stream.tokens_of(self.bounds, self.unit)
-
-    def scored_tokens(self) -> int:
-        """Tokens the windows score: every token of the text once."""
-        return len(self.stream.tokens)
 
 
 def segment_rule(lm: LMParams, unit: Unit) -> SegmentRule:
