@@ -35,8 +35,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
+from pipeline import machine
 from pipeline.config import PlacementParams
 from pipeline.errors import ConfigError
 
@@ -64,7 +63,7 @@ def storage_path(placement: PlacementParams, root: str | Path) -> str:
 
 def use_gpu(placement: PlacementParams) -> bool:
     """Whether workers take a GPU: as params say, else when this machine has one."""
-    return torch.cuda.is_available() if placement.use_gpu is None else placement.use_gpu
+    return machine.has_gpu() if placement.use_gpu is None else placement.use_gpu
 
 
 def running_instance() -> str | None:

@@ -6,6 +6,10 @@ from __future__ import annotations
 import os
 import platform
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _cpu_model() -> str:
@@ -26,6 +30,30 @@ def _memory_gib() -> float | None:
     return pages * page / 2**30
 
 
+def gpu_names() -> list[str]:
+    """The name of every GPU torch sees (none: an empty list)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def has_gpu() -> bool:
+    """Whether torch sees a GPU on this machine."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def default_device() -> torch.device:
+    """The device this process computes on: its first GPU when torch sees one, else the
+    CPU (how a run then uses it is its ``pipeline.execution.ExecutionPolicy``)."""
+    import torch
+
+    return torch.device("cuda" if has_gpu() else "cpu")
+
+
 def describe() -> str:
     """``"AMD EPYC 7B13, 2 cores, 24 GiB; no GPU; torch 2.13.0, Python 3.11.9"``: the
     CPU model, the cores this process may use, memory, the GPUs torch sees, versions."""
@@ -36,11 +64,8 @@ def describe() -> str:
     parts = [_cpu_model(), f"{cores} cores"]
     if memory is not None:
         parts.append(f"{memory:.0f} GiB")
-    if torch.cuda.is_available():
-        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        gpu = ", ".join(f"{names.count(n)}x {n}" for n in dict.fromkeys(names))
-    else:
-        gpu = "no GPU"
+    names = gpu_names()
+    gpu = ", ".join(f"{names.count(n)}x {n}" for n in dict.fromkeys(names)) or "no GPU"
     versions = f"torch {torch.__version__}, Python {platform.python_version()}"
     return f"{', '.join(parts)}; {gpu}; {versions}"
 

@@ -226,7 +226,7 @@ def test_new_run_knobs_are_off_by_default(tiny: dict) -> None:
 @pytest.mark.parametrize(
     ("key", "value", "reason"),
     [
-        ("train.defaults.compile", "yes", "'auto', 'on' or 'off'"),
+        ("train.defaults.compile", "yes", "'auto', 'on', 'off' or 'reduce-overhead'"),
         ("train.defaults.batch_tokens", 0, "greater than 0"),
         ("train.models.gpt.averaging.kind", "swa", "'none', 'uniform' or 'ema'"),
         ("train.models.gpt.averaging.ema_decay", 1.0, "less than 1"),

@@ -15,7 +15,7 @@ from pipeline.artifacts import (
     TrainedSeed,
     TrainRecord,
 )
-from pipeline.config import run_key
+from pipeline.config import Precision, run_key
 from pipeline.models import registry
 
 
@@ -27,8 +27,10 @@ def write_trained(
     metrics: dict[str, float] | None = None,
     mlflow: MlflowRef | None = None,
     variant: str | None = None,
+    precision: Precision = Precision.AUTO,
 ) -> str:
-    """``data/train/<key>/{model.pt,manifest.json}`` holding ``model`` as seed 0; the key."""
+    """``data/train/<key>/{model.pt,manifest.json}`` holding ``model`` as seed 0, trained
+    at ``precision``; the key."""
     key = run_key(model_name, corpus, variant)
     layout = Layout(root)
     task = registry.spec(model_name).task.value
@@ -43,7 +45,7 @@ def write_trained(
         metrics=metrics or {"best_valid_loss": 4.0, "steps": 20},
         mlflow=mlflow,
     )
-    TrainRecord(model=model_name, corpus=corpus, task=task, seeds=[seed]).write(
-        layout.train_out(key) / MANIFEST_FILE
-    )
+    record = TrainRecord(model=model_name, corpus=corpus, task=task, seeds=[seed],
+                         precision=precision)  # fmt: skip
+    record.write(layout.train_out(key) / MANIFEST_FILE)
     return key

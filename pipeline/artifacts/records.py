@@ -41,7 +41,7 @@ from pydantic import (
 )
 
 from pipeline.artifacts.layout import MANIFEST_FILE, Layout
-from pipeline.config import CorpusParams, CorpusSource, PlacementParams
+from pipeline.config import CorpusParams, CorpusSource, PlacementParams, Precision
 from pipeline.errors import DataError
 from pipeline.names import OnError, Task
 
@@ -341,6 +341,10 @@ class TrainRecord(Record):
     )
     machine: str | None = Field(default=None, description="pipeline.machine.describe()")
     commit: str | None = Field(default=None, description="pipeline.machine.code_version()")
+    precision: Precision = Field(
+        default=Precision.AUTO,
+        description="train.*.precision of the run: evaluate autocasts as it trained",
+    )
 
     @model_validator(mode="after")
     def _has_seeds(self) -> Self:

@@ -214,6 +214,17 @@ class RunParams(Section):
         "runs only: tune trials start from random embeddings",
     )
 
+    @property
+    def validation_batch_size(self) -> int:
+        """Validation examples a batch (global): ``eval_batch_size``, else ``batch_size``."""
+        return self.eval_batch_size or self.batch_size
+
+    @property
+    def validation_limit(self) -> int | None:
+        """Validation batches an evaluation reads: ``max_eval_batches``, else
+        ``max_batches_per_epoch``; None = the whole split."""
+        return self.max_eval_batches or self.max_batches_per_epoch
+
 
 def knob_conflict(knobs: RunParams) -> tuple[str, str] | None:
     """The first pair of merged knobs that contradict each other, as (dotted knob, what

@@ -63,8 +63,10 @@ class _TensorBatch:
 
     @property
     def batch_size(self) -> int:
-        first = dataclasses.fields(self)[0]  # type: ignore[arg-type]
-        return int(getattr(self, first.name).shape[0])
+        """Examples in the batch: the first dimension of its first field (a nested batch's
+        size where that is one: a generate or select batch's history)."""
+        first = getattr(self, dataclasses.fields(self)[0].name)  # type: ignore[arg-type]
+        return first.batch_size if isinstance(first, _TensorBatch) else int(first.shape[0])
 
 
 @dataclass(frozen=True)
@@ -104,10 +106,6 @@ class GenerateBatch(_TensorBatch):
     belief_ids: Tensor | None = None
     act_ids: Tensor | None = None
 
-    @property
-    def batch_size(self) -> int:
-        return int(self.target_ids.shape[0])
-
 
 @dataclass(frozen=True)
 class SelectBatch(_TensorBatch):
@@ -133,10 +131,6 @@ class SelectBatch(_TensorBatch):
     dialogue_id: tuple[str, ...]
     context_knowledge: Tensor | None = None
     candidate_knowledge: Tensor | None = None
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.labels.shape[0])
 
 
 @dataclass(frozen=True)

@@ -143,8 +143,8 @@ class ExampleDataset(Dataset):
                 counts[i] += len(example.input_ids)  # type: ignore[union-attr]
         return counts
 
-    def collate(self, examples: Sequence[Example], pad_to: int = 1) -> Batch:
-        return collate(examples, self.n_acts, pad_to)
+    def collate(self, examples: Sequence[Example]) -> Batch:
+        return collate(examples, self.n_acts)
 
 
 def open_split(
@@ -160,28 +160,17 @@ def open_split(
 # --------------------------------------------------------------------------- collate
 
 
-def _round_up(width: int, multiple: int) -> int:
-    """``width`` rounded up to a multiple of ``multiple`` (a compiled model sees fewer
-    distinct shapes)."""
-    return -(-width // multiple) * multiple
-
-
-def _pad(
-    rows: Sequence[np.ndarray], dtype: torch.dtype = torch.long, multiple: int = 1
-) -> torch.Tensor:
-    """``[B, max len]`` (rounded up to ``multiple``), zero-padded on the right."""
-    width = _round_up(max((len(r) for r in rows), default=0), multiple)
+def _pad(rows: Sequence[np.ndarray], dtype: torch.dtype = torch.long) -> torch.Tensor:
+    """``[B, max len]``, zero-padded on the right."""
+    width = max((len(r) for r in rows), default=0)
     out = np.zeros((len(rows), width), dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return torch.from_numpy(out).to(dtype)
 
 
-def _pad_nested(
-    rows: Sequence[Sequence[np.ndarray]], multiple: int = 1
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``[B, max count, max len]`` zero-padded values and their bool mask (the length
-    rounded up to ``multiple``).
+def _pad_nested(rows: Sequence[Sequence[np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, max count, max len]`` zero-padded values and their bool mask.
 
     Rows that are ``Rows`` views (select candidates, LM sentences read from shards) are
     gathered straight from their pool, one numpy call per batch row.
@@ -199,7 +188,7 @@ def _pad_nested(
             values = np.concatenate(row) if len(row) else np.zeros(0, dtype=np.int64)
         parts.append((values, starts, lengths))
     count = max((len(p[1]) for p in parts), default=0)
-    width = _round_up(max((int(p[2].max()) for p in parts if len(p[2])), default=0), multiple)
+    width = max((int(p[2].max()) for p in parts if len(p[2])), default=0)
     out = np.zeros((len(rows), count, width), dtype=np.int64)
     mask = np.zeros((len(rows), count, width), dtype=bool)
     pos = np.arange(width)
@@ -219,27 +208,24 @@ def collate_history(
     utt_index: Sequence[np.ndarray],
     utt_pos: Sequence[np.ndarray],
     speaker: Sequence[np.ndarray],
-    pad_to: int = 1,
 ) -> History:
-    """Per-example history columns -> a right-padded ``History`` batch (its length a
-    multiple of ``pad_to``)."""
-    ids = _pad(input_ids, multiple=pad_to)
+    """Per-example history columns -> a right-padded ``History`` batch."""
+    ids = _pad(input_ids)
     return History(
         input_ids=ids,
         input_mask=_mask([len(row) for row in input_ids], ids.shape[1]),
-        utt_index=_pad(utt_index, multiple=pad_to),
-        utt_pos=_pad(utt_pos, multiple=pad_to),
-        speaker=_pad(speaker, multiple=pad_to),
+        utt_index=_pad(utt_index),
+        utt_pos=_pad(utt_pos),
+        speaker=_pad(speaker),
     )
 
 
-def _history(examples: Sequence[GenerateExample | SelectExample], pad_to: int) -> History:
+def _history(examples: Sequence[GenerateExample | SelectExample]) -> History:
     return collate_history(
         [e.input_ids for e in examples],
         [e.utt_index for e in examples],
         [e.utt_pos for e in examples],
         [e.speaker for e in examples],
-        pad_to,
     )
 
 
@@ -256,11 +242,10 @@ def _optional(values: list, name: str) -> bool:
 
 
 def collate_generate(
-    examples: Sequence[GenerateExample], n_acts: int | None = None, pad_to: int = 1
+    examples: Sequence[GenerateExample], n_acts: int | None = None
 ) -> GenerateBatch:
-    """Generate examples -> ``GenerateBatch`` (``acts`` multi-hot over ``n_acts``; token
-    lengths padded to a multiple of ``pad_to``)."""
-    targets = _pad([e.target_ids for e in examples], multiple=pad_to)
+    """Generate examples -> ``GenerateBatch`` (``acts`` multi-hot over ``n_acts``)."""
+    targets = _pad([e.target_ids for e in examples])
     acts = belief = act_ids = None
     if _optional([e.acts for e in examples], "acts"):
         if n_acts is None:
@@ -269,11 +254,11 @@ def collate_generate(
         for i, e in enumerate(examples):
             acts[i, torch.from_numpy(e.acts.astype(np.int64))] = 1.0
     if _optional([e.belief_ids for e in examples], "belief_ids"):
-        belief = _pad([e.belief_ids for e in examples], multiple=pad_to)
+        belief = _pad([e.belief_ids for e in examples])
     if _optional([e.act_ids for e in examples], "act_ids"):
-        act_ids = _pad([e.act_ids for e in examples], multiple=pad_to)
+        act_ids = _pad([e.act_ids for e in examples])
     return GenerateBatch(
-        history=_history(examples, pad_to),
+        history=_history(examples),
         target_ids=targets,
         target_mask=_mask([len(e.target_ids) for e in examples], targets.shape[1]),
         turn=torch.tensor([e.turn for e in examples], dtype=torch.long),
@@ -284,22 +269,21 @@ def collate_generate(
     )
 
 
-def collate_select(examples: Sequence[SelectExample], pad_to: int = 1) -> SelectBatch:
+def collate_select(examples: Sequence[SelectExample]) -> SelectBatch:
     """Select examples -> ``SelectBatch``; rows with fewer candidates get all-pad candidates
-    (``candidate_mask`` all False, label 0); token lengths padded to a multiple of
-    ``pad_to``."""
-    candidates, mask = _pad_nested([e.candidate_ids for e in examples], pad_to)
+    (``candidate_mask`` all False, label 0)."""
+    candidates, mask = _pad_nested([e.candidate_ids for e in examples])
     labels = torch.zeros(candidates.shape[:2])
     for i, e in enumerate(examples):
         labels[i, : len(e.labels)] = torch.from_numpy(e.labels.astype(np.float32))
     ctx_k = cand_k = None
     if _optional([e.context_knowledge for e in examples], "context_knowledge"):
-        ctx_k = _bits(_pad([e.context_knowledge for e in examples], multiple=pad_to))
+        ctx_k = _bits(_pad([e.context_knowledge for e in examples]))
     if _optional([e.candidate_knowledge for e in examples], "candidate_knowledge"):
         knowledge = [e.candidate_knowledge for e in examples]
-        cand_k = _bits(_pad_nested(knowledge, pad_to)[0])  # type: ignore[arg-type]
+        cand_k = _bits(_pad_nested(knowledge)[0])  # type: ignore[arg-type]
     return SelectBatch(
-        history=_history(examples, pad_to),
+        history=_history(examples),
         candidate_ids=candidates,
         candidate_mask=mask,
         labels=labels,
@@ -309,12 +293,11 @@ def collate_select(examples: Sequence[SelectExample], pad_to: int = 1) -> Select
     )
 
 
-def collate_lm(examples: Sequence[LMExample], pad_to: int = 1) -> LMBatch:
-    """LM documents -> ``LMBatch`` (sentences ``[B, S, Ls]`` and the same tokens flat; token
-    lengths padded to a multiple of ``pad_to``)."""
-    sentences, mask = _pad_nested([e.sentences for e in examples], pad_to)
+def collate_lm(examples: Sequence[LMExample]) -> LMBatch:
+    """LM documents -> ``LMBatch`` (sentences ``[B, S, Ls]`` and the same tokens flat)."""
+    sentences, mask = _pad_nested([e.sentences for e in examples])
     flat_rows = [np.concatenate(e.sentences) if e.sentences else np.zeros(0) for e in examples]
-    flat = _pad(flat_rows, multiple=pad_to)
+    flat = _pad(flat_rows)
     context = None
     if _optional([e.context for e in examples], "context"):
         context = torch.tensor([e.context for e in examples], dtype=torch.long)
@@ -328,21 +311,21 @@ def collate_lm(examples: Sequence[LMExample], pad_to: int = 1) -> LMBatch:
     )
 
 
-def collate(examples: Sequence[Example], n_acts: int | None = None, pad_to: int = 1) -> Batch:
+def collate(examples: Sequence[Example], n_acts: int | None = None) -> Batch:
     """Examples of one task kind -> its padded batch (token id 0 and False mark padding;
-    every token length a multiple of ``pad_to``, the number of sentences or candidates as
-    it is)."""
+    every length the batch's longest; static shapes for a compiled step are the execution
+    policy's padding, ``Batch.padded``, at the loader's edge)."""
     if not examples:
         raise ValueError("cannot collate an empty batch")
     first = examples[0]
     if any(type(e) is not type(first) for e in examples):
         raise TypeError("a batch must hold examples of one task kind")
     if isinstance(first, GenerateExample):
-        return collate_generate(examples, n_acts, pad_to)  # type: ignore[arg-type]
+        return collate_generate(examples, n_acts)  # type: ignore[arg-type]
     if isinstance(first, SelectExample):
-        return collate_select(examples, pad_to)  # type: ignore[arg-type]
+        return collate_select(examples)  # type: ignore[arg-type]
     if isinstance(first, LMExample):
-        return collate_lm(examples, pad_to)  # type: ignore[arg-type]
+        return collate_lm(examples)  # type: ignore[arg-type]
     raise TypeError(f"not an example: {type(first).__name__}")
 
 
@@ -355,7 +338,7 @@ class BatchLoader:
     Every rank builds the same epoch plan from (seed, epoch) and takes every
     ``world_size``-th batch from ``rank``: disjoint slices, equal counts. ``batch_tokens``
     (this rank's budget) batches by padded tokens instead of ``batch_size`` examples
-    (``plans.plan_token_batches``). ``pad_to`` rounds every token length up to its multiple.
+    (``plans.plan_token_batches``).
     ``num_workers > 0`` collates in worker processes (each maps the shards itself).
     """
 
@@ -372,7 +355,6 @@ class BatchLoader:
         num_workers: int = 0,
         pin_memory: bool = False,
         batch_tokens: int | None = None,
-        pad_to: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -389,7 +371,6 @@ class BatchLoader:
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.batch_tokens = batch_tokens
-        self.pad_to = pad_to
         self.epoch = 0
         self._lengths: np.ndarray
         self._sizes: np.ndarray | None
@@ -416,29 +397,16 @@ class BatchLoader:
 
     def _plan(self) -> list[list[int]]:
         """Every rank's batches of the current epoch."""
+        order = {"shuffle": self.shuffle, "seed": self.seed, "epoch": self.epoch,
+                 "world_size": self.world_size}  # fmt: skip
         if self._sizes is not None:
             assert self.batch_tokens is not None
             if self._token_plan is None or self._token_plan[0] != self.epoch:
-                plan = plan_token_batches(
-                    self._sizes,
-                    self.batch_tokens,
-                    shuffle=self.shuffle,
-                    seed=self.seed,
-                    epoch=self.epoch,
-                    world_size=self.world_size,
-                    pad_to=self.pad_to,
-                )
+                plan = plan_token_batches(self._sizes, self.batch_tokens, **order)
                 self._token_plan = (self.epoch, plan)
             return self._token_plan[1]
         return plan_batches(
-            self._lengths,
-            self.batch_size,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=self.epoch,
-            bucket=self.bucket,
-            drop_last=self.drop_last,
-            world_size=self.world_size,
+            self._lengths, self.batch_size, bucket=self.bucket, drop_last=self.drop_last, **order
         )
 
     def batches(self) -> list[list[int]]:
@@ -446,8 +414,8 @@ class BatchLoader:
         return self._plan()[self.rank :: self.world_size]
 
     def collate(self, examples: Sequence[Example]) -> Batch:
-        """``examples`` as one padded batch, as this loader pads them."""
-        return self.dataset.collate(examples, self.pad_to)
+        """``examples`` as one padded batch."""
+        return self.dataset.collate(examples)
 
     def __len__(self) -> int:
         if self._sizes is not None:  # the count varies with the epoch's draw of lengths

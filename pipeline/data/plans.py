@@ -36,12 +36,7 @@ def plan_batches(
     """
     n = len(lengths)
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(n) if shuffle else np.arange(n)
-    if bucket:
-        window = BUCKET_BATCHES * batch_size
-        for start in range(0, n, window):
-            chunk = order[start : start + window]
-            order[start : start + window] = chunk[np.argsort(lengths[chunk], kind="stable")]
+    order = _sorted_windows(lengths, BUCKET_BATCHES * batch_size if bucket else None, rng, shuffle)
     batches = [order[i : i + batch_size].tolist() for i in range(0, n, batch_size)]
     if drop_last and batches and len(batches[-1]) < batch_size:
         batches.pop()
@@ -50,6 +45,21 @@ def plan_batches(
     if drop_last:
         return batches[: len(batches) - len(batches) % world_size]
     return _even_out(batches, world_size)
+
+
+def _sorted_windows(
+    keys: np.ndarray, window: int | None, rng: np.random.Generator, shuffle: bool
+) -> np.ndarray:
+    """The examples' order: a permutation drawn from ``rng`` (``shuffle``; else as
+    stored), then sorted by ``keys`` within consecutive windows of ``window`` examples
+    (None: not sorted)."""
+    n = len(keys)
+    order = rng.permutation(n) if shuffle else np.arange(n)
+    if window is not None:
+        for start in range(0, n, window):
+            chunk = order[start : start + window]
+            order[start : start + window] = chunk[np.argsort(keys[chunk], kind="stable")]
+    return order
 
 
 def _even_out(batches: list[list[int]], world_size: int) -> list[list[int]]:
@@ -75,32 +85,29 @@ def plan_token_batches(
     seed: int = 0,
     epoch: int = 0,
     world_size: int = 1,
-    pad_to: int = 1,
 ) -> list[list[int]]:
     """Every batch of one epoch by tokens; rank r takes ``[r::world_size]``.
 
-    ``sizes``: each example's tokens (``ExampleDataset.token_counts``), rounded up to
-    ``pad_to`` as collate pads them. Order: a seeded permutation (``shuffle``), sorted by
-    size within windows of about ``BUCKET_BATCHES`` batches' worth of tokens; examples are
-    then taken in that order into a batch while its padded size (its count times its
-    largest size) stays within ``budget``, the batch order is shuffled and the count made
-    a multiple of ``world_size`` (:func:`_even_out`). An example larger than the budget is
-    a batch of its own.
+    ``sizes``: each example's tokens (``ExampleDataset.token_counts``; a compiled step's
+    static shapes, ``execution.Padding``, add at most 7 tokens an example, or a quarter
+    with CUDA graphs' buckets, on top of the budget). Order: a seeded permutation
+    (``shuffle``), sorted by size within windows of about ``BUCKET_BATCHES`` batches'
+    worth of tokens; examples are then taken in that order into a batch while its padded
+    size (its count times its largest size) stays within ``budget``, the batch order is
+    shuffled and the count made a multiple of ``world_size`` (:func:`_even_out`). An
+    example larger than the budget is a batch of its own.
     """
     if budget < 1:
         raise ValueError(f"the token budget must be >= 1, got {budget}")
     n = len(sizes)
-    padded = -(-np.maximum(sizes.astype(np.int64), 1) // pad_to) * pad_to
+    sized = np.maximum(sizes.astype(np.int64), 1)
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(n) if shuffle else np.arange(n)
-    window = max(1, int(BUCKET_BATCHES * budget / max(float(padded.mean()) if n else 1.0, 1.0)))
-    for start in range(0, n, window):
-        chunk = order[start : start + window]
-        order[start : start + window] = chunk[np.argsort(padded[chunk], kind="stable")]
+    window = max(1, int(BUCKET_BATCHES * budget / max(float(sized.mean()) if n else 1.0, 1.0)))
+    order = _sorted_windows(sized, window, rng, shuffle)
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0
-    for index, size in zip(order.tolist(), padded[order].tolist(), strict=True):
+    for index, size in zip(order.tolist(), sized[order].tolist(), strict=True):
         if current and (len(current) + 1) * max(longest, size) > budget:
             batches.append(current)
             current, longest = [], 0

@@ -33,6 +33,7 @@ from torch import Tensor
 from pipeline.config import DecodeStrategy
 from pipeline.data.batch import GenerateBatch
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
+from pipeline.execution import forked_rng
 from pipeline.models.base import DecoderState, Seq2SeqModel, select_batch_dim
 
 
@@ -96,10 +97,7 @@ def generate(model: Seq2SeqModel, batch: GenerateBatch, config: DecodeConfig) ->
     model.eval()
     device = batch.target_ids.device
     try:
-        with (
-            torch.no_grad(),
-            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
-        ):
+        with torch.no_grad(), forked_rng(device):
             torch.manual_seed(config.seed)
             search = Search(model, model.encode(batch), batch.batch_size, device, config)
             return _SEARCHES.get(config.strategy, _sample)(search)

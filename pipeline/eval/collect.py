@@ -1,16 +1,14 @@
 """What every evaluator shares: the test batches in file order, the per-example values of
-one seed (the rows of ``per_example.jsonl``), and their aggregation over seeds; the batch
-size and precision evaluation runs at on CUDA (:class:`LargestBatch`,
-:func:`eval_autocast`), which validation in the training loop shares."""
+one seed (the rows of ``per_example.jsonl``), and their aggregation over seeds. The batch
+size and precision evaluation runs at are the run's execution policy's
+(``pipeline.execution``), as in the training loop's validation."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,9 +31,6 @@ from pipeline.eval.catalogue import (
 )
 from pipeline.eval.perplexity import perplexity
 from pipeline.progress import Reporter
-
-T = TypeVar("T")
-LARGE_EVAL_BATCH = 512  # examples per device an evaluation on CUDA starts from
 
 
 @dataclass
@@ -169,71 +164,3 @@ def aggregate(per_seed: Sequence[dict[str, float]]) -> dict[str, float]:
         if len(values) > 1 and name not in SETTINGS:
             out[f"{name}{CI_SUFFIX}"] = ci.half_width
     return out
-
-
-# --------------------------------------------------------------------------- on CUDA
-
-
-def first_eval_batch(
-    configured: int, device: torch.device, devices: int = 1, grow: bool = True
-) -> int:
-    """The batch size an evaluation starts from: ``configured`` (the params') on CPU, or
-    where it may not ``grow`` (a quick run limited to its first batches would evaluate
-    other examples; a size the params set on purpose); on CUDA otherwise at least
-    :data:`LARGE_EVAL_BATCH` examples per device, the largest that fits being found from
-    there (:class:`LargestBatch`)."""
-    if device.type != "cuda" or not grow:
-        return configured
-    return max(configured, LARGE_EVAL_BATCH * devices)
-
-
-def batch_limit(limit: int | None, configured: int, size: int) -> int | None:
-    """The number of batches of ``size`` examples that evaluates what ``limit`` batches of
-    ``configured`` examples did (all of it, and no more where ``size`` divides it)."""
-    if limit is None or size == configured:
-        return limit
-    return math.ceil(limit * configured / size)
-
-
-def eval_autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """bf16 autocast on CUDA (``precision: auto``'s rule), nothing elsewhere."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-
-
-class LargestBatch:
-    """The largest batch size that fits the device, found by halving on out-of-memory
-    and remembered for the next evaluation (``size``; None until the first). After an
-    evaluation on CUDA the memory it cached goes back to the device, for the other
-    trainings that may share it."""
-
-    def __init__(self, size: int | None = None) -> None:
-        self.size = size
-
-    def run(self, attempt: Callable[[int], T], start: int) -> T:
-        """``attempt(size)`` from the remembered size (else ``start``), halving the size
-        and trying again on ``torch.cuda.OutOfMemoryError`` (said on stderr); a batch of
-        one that does not fit raises."""
-        if self.size is None:
-            self.size = start
-        while True:
-            try:
-                result = attempt(self.size)
-                break
-            except torch.cuda.OutOfMemoryError:
-                if self.size == 1:
-                    raise
-            # outside the handler: the failed attempt's tensors are released by now
-            smaller = max(1, self.size // 2)
-            print(
-                f"evaluation out of memory at batch {self.size}: trying {smaller}",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.size = smaller
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return result

@@ -18,10 +18,12 @@ and writes, through the stage contract (``pipeline.artifacts``):
 The metrics of each seed are also logged to that seed's training run in MLflow (the ids
 are in the train manifest), prefixed ``eval/``.
 
-On CUDA a seed is evaluated under bf16 autocast at the largest test batch that fits
-(``collect.LargestBatch``: from ``collect.first_eval_batch``, halved on out-of-memory and
-the evaluation started over; the size found carries over to the next seed). On CPU it is
-evaluated at ``evaluate.batch_size``, in fp32, as it always was.
+A seed is evaluated on ``ExecutionPolicy.for_evaluation`` of the run's precision (the train
+record's, so a run trained in fp32 is tested in fp32, one trained in bf16 under bf16
+autocast, and ``auto`` in bf16 on CUDA only), on CUDA at the largest test batch that fits
+(``execution.Evaluation``: from 512 examples, halved on out-of-memory and the evaluation
+started over; the size found carries over to the next seed). On CPU it is evaluated at
+``evaluate.batch_size``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from pipeline.config import (
     CorpusParams,
     EvaluateParams,
     PlacementParams,
+    Precision,
     TokenizeParams,
     TrackingParams,
     run_key,
@@ -60,19 +63,12 @@ from pipeline.config import (
 from pipeline.data.corpora import corpus_spec
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.splits import Split
-from pipeline.eval.collect import (
-    Evaluator,
-    LargestBatch,
-    SeedResult,
-    aggregate,
-    batch_limit,
-    eval_autocast,
-    first_eval_batch,
-    n_test_batches,
-)
+from pipeline.eval.collect import Evaluator, SeedResult, aggregate, n_test_batches
 from pipeline.eval.generation import GenerateEvaluator, embedding_vectors
 from pipeline.eval.language import LMEvaluator
 from pipeline.eval.selection import SelectEvaluator
+from pipeline.execution import ExecutionPolicy, LargestBatch
+from pipeline.machine import default_device
 from pipeline.models import registry
 from pipeline.models.saved import load_model
 from pipeline.names import Task
@@ -109,7 +105,9 @@ def evaluate_run(
     key = run_key(model_name, corpus, variant)
     record = read_train(layout, key)
     vectors = _vectors(settings, model_name, corpus, layout)
-    job = SeedEvaluation(settings, model_name, corpus, layout.root, key, progress, vectors)
+    job = SeedEvaluation(
+        settings, model_name, corpus, layout.root, key, progress, vectors, record.precision
+    )
     if record.workers == 0 or record.placement is None:
         results = [job(seed) for seed in record.seeds]
     else:
@@ -138,8 +136,8 @@ def evaluate_run(
 class SeedEvaluation:
     """The evaluation of one trained seed: picklable, so a Ray task can run it where the
     seed's training ran (paths are absolute; ``vectors``: the embedding metrics' word
-    vectors, built once by the driver; ``batch``: the test batch size that fitted the
-    device, carried from seed to seed)."""
+    vectors, built once by the driver; ``precision``: the run's, from its train record;
+    ``batch``: the test batch size that fitted the device, carried from seed to seed)."""
 
     settings: EvalSettings
     model_name: str
@@ -148,19 +146,19 @@ class SeedEvaluation:
     key: str
     progress: bool | Mode
     vectors: Any
+    precision: Precision = Precision.AUTO
     batch: LargestBatch = field(default_factory=LargestBatch, compare=False)
 
     def __call__(self, seed: TrainedSeed) -> SeedResult:
         layout = Layout(self.root)
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        policy = ExecutionPolicy.for_evaluation(self.precision, default_device())
         task = registry.spec(self.model_name).task
         dataset = open_split(layout.shards(self.corpus), task, Split.TEST)
-        evaluator = _evaluator(self, task, layout, device)
-        model = load_model(layout.resolve(seed.checkpoint), device)
+        evaluator = _evaluator(self, task, layout, policy.device)
+        model = load_model(layout.resolve(seed.checkpoint), policy.device)
         ev = self.settings.evaluate
 
-        def attempt(size: int) -> SeedResult:
-            limit = batch_limit(ev.max_batches, ev.batch_size, size)
+        def attempt(size: int, limit: int | None) -> SeedResult:
             settings = ev.model_copy(update={"batch_size": size, "max_batches": limit})
             evaluate = dataclasses.replace(evaluator, settings=settings)
             bar = Reporter(
@@ -170,11 +168,10 @@ class SeedEvaluation:
                 units="batches",
                 show=self.progress,
             )
-            with torch.no_grad(), eval_autocast(device), bar:
+            with torch.no_grad(), policy.autocast(), bar:
                 return evaluate(model, dataset, bar, seed.seed)
 
-        start = first_eval_batch(ev.batch_size, device, grow=ev.max_batches is None)
-        return self.batch.run(attempt, start)
+        return policy.evaluation(ev.batch_size, ev.max_batches, largest=self.batch).run(attempt)
 
 
 def _on_cluster(

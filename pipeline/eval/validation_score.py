@@ -16,9 +16,10 @@ selected model's validation score and its test score mean the same:
   the last one), on a 0-100 scale.
 
 The authors score every 3 epochs; here the score is computed at every evaluation of the
-loop (``eval_every`` and each epoch's end). On several workers each rank decodes every
-``world_size``-th batch and the loop gathers the responses, so every rank computes the
-same score.
+loop (``eval_every`` and each epoch's end), under the run's precision and at the loop's
+validation batch sizes (``execution.Evaluation``: on CUDA the largest that fits). On
+several workers each rank decodes every ``world_size``-th batch (every rank at the same
+batch size) and the loop gathers the responses, so every rank computes the same score.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pipeline.eval.collect import example_id, test_batches
 from pipeline.eval.generation import multiwoz_metrics
 from pipeline.eval.multiwoz import combined_score
 from pipeline.eval.multiwoz_db import MultiWozDB
+from pipeline.execution import Evaluation
 from pipeline.names import Task
 
 SCORE = Selection.MULTIWOZ_SCORE.metric  # the key the loop selects on
@@ -58,8 +60,6 @@ class MultiWozValidationScore:
     raw: str  # its download output (dialogues with goals, the database)
     corpus: str
     corpus_params: CorpusParams
-    batch_size: int
-    max_batches: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("_data", "_dialogues")}
@@ -81,9 +81,11 @@ class MultiWozValidationScore:
 
     @torch.no_grad()
     def decode(
-        self, model: nn.Module, rank: int, world_size: int, device: torch.device
+        self, model: nn.Module, rank: int, world_size: int, evaluation: Evaluation
     ) -> list[Decoded]:
-        """Greedy responses to this rank's share of the validation batches."""
+        """Greedy responses to this rank's share of the validation batches, on
+        ``evaluation``'s policy (the run's autocast) at its batch sizes (the validation
+        batch size and limit of the run's params; on CUDA the largest that fits)."""
         from pipeline.decode import DecodeConfig, generate
 
         dataset, vocab = self._data
@@ -91,16 +93,22 @@ class MultiWozValidationScore:
             max_length=self.corpus_params.generate.max_response,
             **DecodeParams().model_dump(),
         )
-        out: list[Decoded] = []
-        batches = test_batches(dataset, self.batch_size, self.max_batches)
-        for i, (examples, batch) in enumerate(batches):
-            if i % world_size != rank:
-                continue
-            got = generate(model, batch.to(device), config)
-            for example, row, n in zip(examples, got.tokens.cpu(), got.lengths.cpu(), strict=True):
-                response = text.strip_special(vocab.decode(row[:n].tolist()))
-                out.append((example_id(example), response, vocab.decode(example.target_ids)))
-        return out
+        policy = evaluation.policy
+
+        def attempt(size: int, limit: int | None) -> list[Decoded]:
+            out: list[Decoded] = []
+            for i, (examples, batch) in enumerate(test_batches(dataset, size, limit)):
+                if i % world_size != rank:
+                    continue
+                with policy.autocast():
+                    got = generate(model, policy.move(batch), config)
+                rows = zip(examples, got.tokens.cpu(), got.lengths.cpu(), strict=True)
+                for example, row, n in rows:
+                    response = text.strip_special(vocab.decode(row[:n].tolist()))
+                    out.append((example_id(example), response, vocab.decode(example.target_ids)))
+            return out
+
+        return evaluation.run(attempt)
 
     def score(self, decoded: list[Decoded]) -> dict[str, float]:
         """``valid_score`` and its parts (``valid_bleu_hier``, ``valid_inform``,

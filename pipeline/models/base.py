@@ -186,6 +186,16 @@ class TransformerLMConfig(AttentionModelConfig):
         return super().block(**{**sites, **changes})
 
 
+def on_gpu(where: Tensor | torch.device) -> bool:
+    """Whether ``where`` (a tensor, or a device) is on a CUDA GPU: the models' one test of
+    the device, for the kernel a pass takes (static shapes where host reads stall the
+    stream, ``stack.static_shapes``; FlexAttention, whose kernels and backward are CUDA's,
+    ``flex``, ``hier.resolve_layout``). Every other device decision is the run's
+    ``pipeline.execution.ExecutionPolicy``; the eager CPU path is today's, bit for bit."""
+    device = where.device if isinstance(where, Tensor) else where
+    return device.type == "cuda"
+
+
 def head_size(width: int, n_heads: int, d_head: int | None = None, field: str = "n_heads") -> int:
     """``d_head`` if given, else ``width // n_heads``, which needs the heads to divide the
     width: a ``ValueError`` naming ``field`` (and what to do) otherwise."""

@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
+from pipeline.models.base import on_gpu
+
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
@@ -61,7 +63,7 @@ class FlexMask:
         """FlexAttention of ``q`` ``[B, H, Lq, d]`` over ``k``/``v`` under this mask."""
         if self.block is None:
             raise ValueError("this FlexMask has no block mask: attend through dense()")
-        if torch.compiler.is_compiling() or q.device.type != "cuda":
+        if torch.compiler.is_compiling() or not on_gpu(q):
             return flex_attention(q, k, v, block_mask=self.block)  # type: ignore[return-value]
         # Eager CUDA: flex_attention alone materialises the scores; its compiled kernel does
         # not, and dynamic shapes spare a compilation per history length.
@@ -78,6 +80,6 @@ def flex_mask(
 ) -> FlexMask:
     """``mod`` as a :class:`FlexMask`; the block mask is built where the kernel can run the
     pass (CUDA, or without gradients: FlexAttention has no CPU backward)."""
-    runs = device.type == "cuda" or not torch.is_grad_enabled()
+    runs = on_gpu(device) or not torch.is_grad_enabled()
     block = create_block_mask(mod, batch, None, length_q, length_k, device) if runs else None
     return FlexMask(mod, (batch, length_q, length_k), device, block)

@@ -48,6 +48,7 @@ from pipeline.models.base import (
     BlockDims,
     LossOutput,
     Seq2SeqModel,
+    on_gpu,
     token_loss,
 )
 from pipeline.models.blocks import Decoder, DecoderCache, EncoderStack
@@ -296,7 +297,7 @@ class HierTransformer(Seq2SeqModel):
         return resolve_layout(
             self.config.attention_layout,
             compiling=torch.compiler.is_compiling(),
-            cuda=history.input_ids.device.type == "cuda",
+            cuda=on_gpu(history.input_ids),
             attention_dropout=self.training and self.config.attention_dropout_p > 0.0,
         )
 

@@ -67,10 +67,17 @@ class EncoderMemory:
 
 
 class EncoderDecoderConfig(AttentionModelConfig):
-    """What every flat-history encoder-decoder has: ``n_segments`` utterance embeddings
-    and whether the output projection is the token embedding (``tie_output``; the U-Net
-    authors' code has its own output matrix, which the paper profile follows)."""
+    """What every flat-history encoder-decoder has, at the U-Net paper's sizes by default
+    (d=256, 6 decoder layers, 8 heads of ``d_head`` 64, so 8 heads span 512, not the
+    width; ``None`` means ``d_model // n_heads``; FFN 1024): ``n_segments`` utterance
+    embeddings and whether the output projection is the token embedding (``tie_output``;
+    the U-Net authors' code has its own output matrix, which the paper profile follows)."""
 
+    d_model: int = Field(256, ge=1)
+    n_decoder_layers: int = Field(6, ge=1)
+    n_heads: int = Field(8, ge=1)
+    d_head: int | None = Field(64, ge=1)
+    d_ff: int = Field(1024, ge=1)
     n_segments: int = Field(32, ge=1)
     tie_output: bool = True
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from pipeline.models.base import BlockDims
+from pipeline.models.base import BlockDims, on_gpu
 from pipeline.models.blocks import EncoderStack
 from pipeline.models.dropout import SiteDropout
 from pipeline.models.layers import SinusoidalPositions, padding_mask
@@ -44,8 +44,9 @@ def static_shapes(like: Tensor) -> bool:
     """Whether a model keeps its batch's padded shapes, masking instead of trimming
     (``extent``) and instead of boolean indexing: under ``torch.compile``, where shapes read
     from data break the graph, and on accelerators, where reading a tensor on the host
-    stalls the stream. The eager CPU path trims, bit for bit as it always has."""
-    return torch.compiler.is_compiling() or like.device.type != "cpu"
+    stalls the stream (``base.on_gpu``). The eager CPU path trims, bit for bit as it
+    always has."""
+    return torch.compiler.is_compiling() or on_gpu(like)
 
 
 def extent(mask: Tensor) -> int:

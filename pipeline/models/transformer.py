@@ -29,18 +29,10 @@ from pipeline.names import Task
 
 
 class TransformerConfig(EncoderDecoderConfig):
-    """Sizes of the U-Net paper's Transformer: d=256, 6+6 layers, 8 heads of 64, FFN 1024.
+    """Sizes of the U-Net paper's Transformer: d=256, 6+6 layers, 8 heads of 64, FFN 1024
+    (the encoder-decoders' defaults, ``seq2seq.EncoderDecoderConfig``)."""
 
-    ``d_head`` is the per-head key/value size; the paper keeps 64 (so 8 heads span 512, not
-    the model width). ``None`` means ``d_model // n_heads``.
-    """
-
-    d_model: int = Field(256, ge=1)
     n_encoder_layers: int = Field(6, ge=1)
-    n_decoder_layers: int = Field(6, ge=1)
-    n_heads: int = Field(8, ge=1)
-    d_head: int | None = Field(64, ge=1)
-    d_ff: int = Field(1024, ge=1)
 
 
 class AdjTransformerConfig(TransformerConfig):

@@ -59,15 +59,18 @@ from pipeline.models.seq2seq import EncoderDecoder, EncoderDecoderConfig, Encode
 from pipeline.names import Task
 
 
+def _needs(flag: bool, info: ValidationInfo, earlier: str, why: str = "") -> bool:
+    """``flag``, unless it is true while the switch ``earlier`` (validated before it) is
+    false: then the error says so (``why``: the reason)."""
+    if flag and info.data.get(earlier) is False:
+        raise ValueError(f"true needs {earlier}=true{why}")
+    return flag
+
+
 class UNetConfig(EncoderDecoderConfig):
     """The U-Net paper's sizes and the ablation switches (defaults: the full U-Net)."""
 
-    d_model: int = Field(256, ge=1)
     n_layers: int = Field(6, ge=2)
-    n_decoder_layers: int = Field(6, ge=1)
-    n_heads: int = Field(8, ge=1)
-    d_head: int | None = Field(64, ge=1)
-    d_ff: int = Field(1024, ge=1)
     width_growth: float = Field(math.sqrt(2), ge=1.0)
     skip: bool = True
     conv: bool = True
@@ -96,16 +99,12 @@ class UNetConfig(EncoderDecoderConfig):
     @field_validator("down_up")
     @classmethod
     def _resampling_needs_conv(cls, down_up: bool, info: ValidationInfo) -> bool:
-        if down_up and info.data.get("conv") is False:
-            raise ValueError("true needs conv=true: resampling is part of the conv module")
-        return down_up
+        return _needs(down_up, info, "conv", ": resampling is part of the conv module")
 
     @field_validator("linear_skip")
     @classmethod
     def _linear_needs_skip(cls, linear_skip: bool, info: ValidationInfo) -> bool:
-        if linear_skip and info.data.get("skip") is False:
-            raise ValueError("true needs skip=true")
-        return linear_skip
+        return _needs(linear_skip, info, "skip")
 
     @field_validator("per_layer_attention")
     @classmethod

@@ -13,6 +13,9 @@
   writing artifacts into the original's folder (or re-create it). :func:`follow_move`, run
   once per store and process before it is used (:func:`client`), points them at the
   ``mlartifacts`` folder beside the store.
+- Waiting on a store: a call to a sqlite store another writer holds locked is tried again
+  (:func:`patiently`), and one that takes long is announced on stderr
+  (:func:`waiting_notice`), so a training waiting on its store does not look hung.
 """
 
 from __future__ import annotations
@@ -24,14 +27,18 @@ import platform
 import socket
 import sqlite3
 import sys
+import threading
+import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import yaml
 
+WAIT_NOTICE_S = 3.0  # a store call slower than this is announced (waiting_notice)
+LOCKED_WAIT_S = 120.0  # how long a write waits for a locked sqlite store before falling back
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 FALLBACK_DIR = Path("runs") / "mlflow-fallback"
 ARTIFACT_DIR = "mlartifacts"
@@ -173,6 +180,9 @@ def dvc_input_hashes(root: str | Path, inputs: list[str]) -> dict[str, str]:
 def system_info() -> dict[str, str]:
     import torch
 
+    from pipeline.machine import gpu_names
+
+    gpus = gpu_names()
     info = {
         "host": socket.gethostname(),
         "platform": platform.platform(),
@@ -180,10 +190,10 @@ def system_info() -> dict[str, str]:
         "torch": torch.__version__,
         "cpus": str(os.cpu_count()),
         "cuda": torch.version.cuda or "none",
-        "gpus": str(torch.cuda.device_count()),
+        "gpus": str(len(gpus)),
     }
-    if torch.cuda.is_available():
-        info["gpu_name"] = torch.cuda.get_device_name(0)
+    if gpus:
+        info["gpu_name"] = gpus[0]
     return info
 
 
@@ -334,3 +344,43 @@ def metric_history(
     if not history:
         history = client.get_metric_history(run_id, key)
     return sorted((int(m.step), float(m.value)) for m in history)
+
+
+# --------------------------------------------------------------------------- waiting
+
+
+def patiently(call: Callable[[], Any], for_s: float = LOCKED_WAIT_S) -> Any:
+    """``call()``, again while a sqlite store is locked by another writer (concurrent
+    trainings share one store), for up to ``for_s`` seconds; other errors at once."""
+    deadline = time.monotonic() + for_s
+    while True:
+        try:
+            return call()
+        except Exception as err:
+            if "database is locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def waiting_notice(uri: str, after_s: float = WAIT_NOTICE_S) -> Iterator[None]:
+    """Say on stderr, once, when a call to the store at ``uri`` has not returned after
+    ``after_s`` seconds (a sqlite store locked by another process, a slow server): a
+    training that waits on its tracking store should not look hung."""
+
+    def notice() -> None:
+        print(
+            f"tracking: the MLflow store {uri} has not answered for {after_s:g} s (locked by "
+            "another process, or a slow server); waiting for it: if it fails, logging goes on "
+            "in the local fallback store (python -m pipeline sync-mlflow copies it back)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    timer = threading.Timer(after_s, notice)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()

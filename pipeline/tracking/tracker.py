@@ -23,13 +23,10 @@ training.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import sys
-import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -50,11 +47,11 @@ from pipeline.tracking.store import (
     flatten,
     local_store_exists,
     mlflow_client,
+    patiently,
+    waiting_notice,
 )
 
 Reuse = Literal["unfinished", "any", "never"]
-WAIT_NOTICE_S = 3.0  # a store call slower than this is announced (waiting_notice)
-LOCKED_WAIT_S = 120.0  # how long a write waits for a locked sqlite store before falling back
 
 # --------------------------------------------------------------------------- runs
 
@@ -257,7 +254,7 @@ class Tracker:
                         tracker.origin = RunRef(uri, origin, experiment, run_name, fallback)
             if tracker is None:
                 with waiting_notice(uri):
-                    run_id = _patiently(
+                    run_id = patiently(
                         lambda: _open_run(client, place, run_name, tags, resume_key, reuse)
                     )
                 tracker = cls(RunRef(uri, run_id, experiment, run_name, fallback), tags, place)
@@ -290,7 +287,7 @@ class Tracker:
             return op(mlflow_client(self.ref.uri), self.ref.run_id)
         try:
             with waiting_notice(self.ref.uri):
-                return _patiently(lambda: op(mlflow_client(self.ref.uri), self.ref.run_id))
+                return patiently(lambda: op(mlflow_client(self.ref.uri), self.ref.run_id))
         except Exception as err:
             _warn(self.ref.uri, err)
             self._fall_back()
@@ -454,19 +451,6 @@ def _tag_op(tags: Mapping[str, str]) -> Op:
     return lambda c, r: c.log_batch(r, tags=items)
 
 
-def _patiently(call: Callable[[], Any], for_s: float = LOCKED_WAIT_S) -> Any:
-    """``call()``, again while a sqlite store is locked by another writer (concurrent
-    trainings share one store), for up to ``for_s`` seconds; other errors at once."""
-    deadline = time.monotonic() + for_s
-    while True:
-        try:
-            return call()
-        except Exception as err:
-            if "database is locked" not in str(err) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def _warn(uri: str, err: Exception) -> None:
     warnings.warn(
         f"MLflow tracking at {uri} failed ({type(err).__name__}: {err}); continuing in the "
@@ -475,27 +459,3 @@ def _warn(uri: str, err: Exception) -> None:
         TrackingUnavailable,
         stacklevel=3,
     )
-
-
-@contextlib.contextmanager
-def waiting_notice(uri: str, after_s: float = WAIT_NOTICE_S) -> Iterator[None]:
-    """Say on stderr, once, when a call to the store at ``uri`` has not returned after
-    ``after_s`` seconds (a sqlite store locked by another process, a slow server): a
-    training that waits on its tracking store should not look hung."""
-
-    def notice() -> None:
-        print(
-            f"tracking: the MLflow store {uri} has not answered for {after_s:g} s (locked by "
-            "another process, or a slow server); waiting for it: if it fails, logging goes on "
-            "in the local fallback store (python -m pipeline sync-mlflow copies it back)",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    timer = threading.Timer(after_s, notice)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +23,8 @@ from torch import Tensor, nn
 
 from pipeline.data.batch import Batch
 from pipeline.errors import DataError
+from pipeline.execution import Evaluation
+from pipeline.machine import default_device
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
 
 PREVIOUS_FILE = "checkpoint.prev.pt"  # the checkpoint before the newest, in a local run
@@ -45,23 +46,14 @@ class ModelFactory(Protocol):
     def __call__(self) -> nn.Module: ...
 
 
-@dataclass(frozen=True)
-class DataOptions:
-    """How the loop wants its batches, decided where it runs: ``pad_to`` rounds every
-    token length up to a multiple (a compiled model then meets fewer shapes);
-    ``eval_batch_size`` (global, like the params') replaces the job's validation batch
-    size when set (the largest that fits, on CUDA)."""
-
-    pad_to: int = 1
-    eval_batch_size: int | None = None
-
-
 class DataFactory(Protocol):
-    def __call__(
-        self, rank: int, world_size: int, options: DataOptions | None = None
-    ) -> tuple[EpochData, EpochData]:
-        """(train, valid) batches for ``rank`` of ``world_size``, as ``options`` say
-        (None: ``DataOptions()``)."""
+    def __call__(self, rank: int, world_size: int) -> tuple[EpochData, EpochData]:
+        """(train, valid) batches for ``rank`` of ``world_size``, at the params' sizes."""
+        ...
+
+    def valid(self, rank: int, world_size: int, batch_size: int) -> EpochData:
+        """The valid batches for ``rank`` at ``batch_size`` (global) examples a batch (the
+        loop's evaluation at another size than the params': the largest that fits)."""
         ...
 
 
@@ -117,9 +109,11 @@ class ValidationScore(Protocol):
     ``select_by`` reads (``Selection.metric``; ``eval.validation_score``)."""
 
     def decode(
-        self, model: nn.Module, rank: int, world_size: int, device: torch.device
+        self, model: nn.Module, rank: int, world_size: int, evaluation: Evaluation
     ) -> list[Any]:
-        """This rank's share of the outputs (the loop gathers every rank's)."""
+        """This rank's share of the outputs (the loop gathers every rank's), decoded on
+        ``evaluation``'s policy (device, autocast) at its batch sizes (the same on every
+        rank)."""
         ...
 
     def score(self, outputs: list[Any]) -> dict[str, float]:
@@ -159,7 +153,7 @@ class LocalContext:
         self, run_dir: str | Path, device: torch.device | None = None, restart: str = ""
     ) -> None:
         self.run_dir = Path(run_dir)
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or default_device()
         self.restart = restart or f"rm -r {self.run_dir} and run the stage again"
         self._newest_intact = True  # False once the newest checkpoint was passed over
 

@@ -25,7 +25,7 @@ from pipeline.models.base import ModelConfig
 from pipeline.models.word_vectors import WordVectors, copy_into, token_embeddings
 from pipeline.names import Task
 from pipeline.plan import RunPlan
-from pipeline.train.context import DataOptions, MetricSink
+from pipeline.train.context import MetricSink
 from pipeline.train.loop import TrainJob
 
 
@@ -104,10 +104,7 @@ class ShardData:
     batch_tokens: int | None = None
     stream_unit: Unit | None = None
 
-    def __call__(
-        self, rank: int, world_size: int, options: DataOptions | None = None
-    ) -> tuple[ShardBatches, ShardBatches]:
-        options = options or DataOptions()
+    def __call__(self, rank: int, world_size: int) -> tuple[ShardBatches, ShardBatches]:
         if self.batch_size % world_size:
             raise ValueError(f"batch_size {self.batch_size} does not divide by {world_size}")
         tokens = None
@@ -115,24 +112,29 @@ class ShardData:
             tokens = self.batch_tokens // world_size
             if tokens < 1:
                 raise ValueError(f"batch_tokens {self.batch_tokens} is < {world_size} workers")
-        eval_size = options.eval_batch_size or self.eval_batch_size
-        train, valid = (
+        train = BatchLoader(
+            open_split(self.root, self.task, Split.TRAIN, self.stream_unit),
+            self.batch_size // world_size,
+            seed=self.seed,
+            rank=rank,
+            world_size=world_size,
+            batch_tokens=tokens,
+        )
+        return ShardBatches(train), self.valid(rank, world_size, self.eval_batch_size)
+
+    def valid(self, rank: int, world_size: int, batch_size: int) -> ShardBatches:
+        """The valid split's batches for ``rank``, ``batch_size`` (global) examples each,
+        in file order grouped by length."""
+        return ShardBatches(
             BatchLoader(
-                open_split(self.root, self.task, split, self.stream_unit),
-                size,
-                shuffle=split is Split.TRAIN,
+                open_split(self.root, self.task, Split.VALID, self.stream_unit),
+                max(1, batch_size // world_size),
+                shuffle=False,
                 seed=self.seed,
                 rank=rank,
                 world_size=world_size,
-                batch_tokens=tokens if split is Split.TRAIN else None,
-                pad_to=options.pad_to,
-            )
-            for split, size in (
-                (Split.TRAIN, self.batch_size // world_size),
-                (Split.VALID, max(1, eval_size // world_size)),
             )
         )
-        return ShardBatches(train), ShardBatches(valid)
 
 
 def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
@@ -143,7 +145,7 @@ def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
         root=str(plan.shards),
         task=plan.task,
         batch_size=knobs.batch_size,
-        eval_batch_size=knobs.eval_batch_size or knobs.batch_size,
+        eval_batch_size=knobs.validation_batch_size,
         seed=knobs.seed,
         batch_tokens=knobs.batch_tokens,
         stream_unit=getattr(builder, "stream_unit", None) if plan.task is Task.LM else None,
@@ -160,8 +162,6 @@ def validation_score(plan: RunPlan) -> MultiWozValidationScore | None:
         raw=str(plan.raw),
         corpus=plan.corpus,
         corpus_params=plan.corpus_params,
-        batch_size=knobs.eval_batch_size or knobs.batch_size,
-        max_batches=knobs.max_eval_batches or knobs.max_batches_per_epoch,
     )
 
 

@@ -9,17 +9,16 @@ evaluate (loss and perplexity summed over every rank's slice of the validation s
 a :class:`ValidationScore` when the job has one), checkpoint, and stop early when the
 selection metric (``RunParams.select_by``: the validation loss, or that score) has not
 improved for ``patience`` evaluations; the weights kept are those of its best evaluation.
-Nothing in a step waits for the device: batches are copied one ahead (:func:`to_device`),
-the optimizer is fused on CUDA, and the train metrics and the count of non-finite losses
-stay on the device until a logged step reads them; ``TrainJob.sync_debug`` makes any
-host synchronisation inside a step (forward to optimizer step and averaging) warn or
-raise on CUDA (the GPU check's ``"error"``).
-
-On CUDA the step's model and loss are compiled (``RunParams.compile``, ``steps.compiles``),
-in place and before DDP wraps them, with dynamic shapes and token lengths padded to
-``steps.PAD_MULTIPLE``; validation, checkpoints and exports use the plain model, whose
-weights the compiled step shares. Validation on CUDA runs at the largest batch that fits
-(``eval.collect.LargestBatch``, from ``eval.collect.first_eval_batch``).
+How the run uses its device is its ``execution.ExecutionPolicy`` (autocast, compile,
+static shapes, batches to the device, fused optimizer, evaluation batch sizing, the
+sync-debug mode), built once here; the loop never asks which device it runs on. Nothing in
+a step waits for the device: batches are copied one ahead, the train metrics and the count
+of non-finite losses stay on the device until a logged step reads them, and
+``TrainJob.sync_debug`` makes any host synchronisation inside a step (forward to optimizer
+step and averaging) warn or raise on CUDA (the GPU check's ``"error"``). A compiled step
+(``RunParams.compile``) compiles the loss module in place before DDP wraps it; validation,
+checkpoints and exports use the plain model, whose weights the compiled step shares.
+Validation runs at the largest batch that fits on CUDA, every rank at the same size.
 
 Parameter averaging (``RunParams.averaging``, ``averaging.WeightAverage``): over the last
 epochs the loop averages the weights after every step, at ``lr_factor`` times the
@@ -50,13 +49,11 @@ over-weight ranks with fewer tokens).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -64,9 +61,8 @@ from torch import Tensor, nn
 from pipeline.config import RunParams
 from pipeline.data.batch import Batch
 from pipeline.errors import TrainingDiverged
-from pipeline.eval.collect import LargestBatch, batch_limit, first_eval_batch
 from pipeline.eval.perplexity import perplexity_of
-from pipeline.execution import autocast_dtype
+from pipeline.execution import Evaluation, ExecutionPolicy
 from pipeline.models.base import LossOutput
 from pipeline.names import Task
 from pipeline.progress import Mode, Reporter
@@ -75,7 +71,6 @@ from pipeline.train.averaging import WeightAverage
 from pipeline.train.checkpoint import Progress, TrainingState, cpu_state, final_metrics
 from pipeline.train.context import (
     DataFactory,
-    DataOptions,
     EpochData,
     LocalContext,
     MetricSink,
@@ -86,15 +81,7 @@ from pipeline.train.context import (
 )
 from pipeline.train.optim import make_optimizer, make_scheduler
 from pipeline.train.seed import rng_state, seed_everything, set_rng_state
-from pipeline.train.steps import (
-    PAD_MULTIPLE,
-    LossModule,
-    TrainWindow,
-    compile_loss,
-    compiles,
-    host_sync_check,
-    to_device,
-)
+from pipeline.train.steps import LossModule, TrainWindow
 
 
 @dataclass(frozen=True)
@@ -111,7 +98,8 @@ class TrainJob:
     ``torch.cuda.set_sync_debug_mode`` around the part of every step that must not wait
     for the device, from a process's second step on (the first compiles and allocates).
     ``compile_backend``: ``torch.compile``'s, when the step is compiled (tests and CPU
-    smoke checks take the cheaper ``aot_eager``).
+    smoke checks take the cheaper ``aot_eager``). Both go into the run's
+    ``ExecutionPolicy``.
     """
 
     name: str
@@ -154,25 +142,25 @@ class _Run:
         seed_everything(self.seed)
         self.raw = job.model()
         self.task = Task(getattr(self.raw, "task", Task.GENERATE))
-        loss = LossModule(self.raw)
-        self.compiled = compiles(self.p.compile, ctx.device, self.raw)
-        if self.compiled:
-            compile_loss(loss, job.compile_backend)
-        self.model = ctx.wrap_model(loss)
-        self.optimizer = make_optimizer(self.raw, self.p.optimizer)
-        if self.p.select_by.higher_is_better and job.validation_score is None:
-            raise ValueError(f"select_by={self.p.select_by}: the job has no validation_score")
-        self.eval_batch = LargestBatch()
-        self._eval_limit = self.p.max_eval_batches or self.p.max_batches_per_epoch
-        self._eval_size = self.p.eval_batch_size or self.p.batch_size
-        grow = self._eval_limit is None and self.p.eval_batch_size is None
-        self._eval_start = first_eval_batch(self._eval_size, ctx.device, ctx.world_size, grow)
-        self.data_options = DataOptions(
-            pad_to=PAD_MULTIPLE if self.compiled else 1,
-            eval_batch_size=self._eval_start if ctx.device.type == "cuda" else None,
+        self.policy = ExecutionPolicy.for_training(
+            self.p,
+            ctx.device,
+            ctx.world_size,
+            self.raw,
+            backend=job.compile_backend,
+            sync_debug=job.sync_debug,
         )
-        self.train_data, self.valid_data = job.data(ctx.rank, ctx.world_size, self.data_options)
-        self._valid_size = self._eval_start  # the batch size valid_data was made with
+        loss = LossModule(self.raw)
+        self.policy.compile_module(loss)
+        self.model = ctx.wrap_model(loss)
+        self.optimizer = make_optimizer(self.raw, self.p.optimizer, self.policy.fused_optimizer)
+        scored = self.p.select_by.higher_is_better
+        if scored and job.validation_score is None:
+            raise ValueError(f"select_by={self.p.select_by}: the job has no validation_score")
+        self.train_data, valid_data = job.data(ctx.rank, ctx.world_size)
+        self.validation = self.evaluation()  # the loss's batch sizing; the score's below
+        self.scoring = self.evaluation() if scored else None
+        self._valid = (self.p.validation_batch_size, valid_data)  # (its batch size, batches)
         avg = self.p.averaging
         self.averager = WeightAverage(avg, self.p.epochs, self.raw)
         before_averaging = self.averager.start_epoch if self.averager.enabled else self.p.epochs
@@ -182,7 +170,6 @@ class _Run:
         self.progress = Progress()
         self.best_state: dict[str, Tensor] | None = None
         self.last_eval: dict[str, float] = {}
-        self.dtype = autocast_dtype(self.p.precision, ctx.device)
         # only rank 0 logs
         self.sink = job.sink() if (job.sink is not None and ctx.rank == 0) else NullTracker()
         self._window = TrainWindow()
@@ -264,17 +251,12 @@ class _Run:
 
     # ----------------------------------------------------------------- steps
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        if self.dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.ctx.device.type, dtype=self.dtype)
-
     def train_step(self, batch: Batch) -> None:
         """One optimizer step on ``batch`` (already on the device); the log step's reads
         of the device come after it."""
         p, prog = self.p, self.progress
         self.model.train()
-        with host_sync_check(self.job.sync_debug if self._warm else None, self.ctx.device):
+        with self.policy.step(checked=self._warm):
             out, grad_norm, lr = self.update(batch)
         self._warm = True
         prog.step += 1
@@ -297,7 +279,7 @@ class _Run:
         p, prog = self.p, self.progress
         if isinstance(self.raw, StepHook):
             self.raw.on_train_step(prog.step, prog.epoch)
-        with self.autocast():
+        with self.policy.autocast():
             out = self.model(batch)
         bad = (~torch.isfinite(out.loss.detach())).float()
         self._nonfinite = bad if self._nonfinite is None else self._nonfinite + bad
@@ -322,34 +304,40 @@ class _Run:
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
         self.raw.eval()
-        totals = self.eval_batch.run(self.validation_totals, self._eval_start)
-        totals = self.ctx.all_reduce(totals)
+        totals = self.ctx.all_reduce(self.validation.run(self.validation_totals))
         n = int(totals[1].item())
         loss = float(totals[0] / totals[1]) if n > 0 else math.inf
         scorer = self.job.validation_score
         if scorer is None or not self.p.select_by.higher_is_better:
             return EvalResult(loss, n)
-        mine = scorer.decode(self.raw, self.ctx.rank, self.ctx.world_size, self.ctx.device)
+        assert self.scoring is not None
+        mine = scorer.decode(self.raw, self.ctx.rank, self.ctx.world_size, self.scoring)
         outputs = [row for part in self.ctx.gather(mine) for row in part]
         return EvalResult(loss, n, scorer.score(outputs))
 
+    def evaluation(self) -> Evaluation:
+        """A validation's batch sizing: the params' size and limit, the largest size that
+        fits where the policy grows it (not a size the params set), the ranks agreeing."""
+        p = self.p
+        grow = p.eval_batch_size is None
+        return self.policy.evaluation(
+            p.validation_batch_size, p.validation_limit, grow=grow, all_reduce=self.ctx.all_reduce
+        )
+
     def validation_data(self, size: int) -> EpochData:
         """This rank's validation batches at ``size`` (global) examples a batch."""
-        if size != self._valid_size:
-            options = DataOptions(self.data_options.pad_to, eval_batch_size=size)
-            self.valid_data = self.job.data(self.ctx.rank, self.ctx.world_size, options)[1]
-            self._valid_size = size
-        return self.valid_data
+        if size != self._valid[0]:
+            self._valid = (size, self.job.data.valid(self.ctx.rank, self.ctx.world_size, size))
+        return self._valid[1]
 
-    def validation_totals(self, size: int) -> Tensor:
-        """This rank's validation NLL sum and token count (float64, on the device) at
-        batches of ``size`` examples."""
+    def validation_totals(self, size: int, limit: int | None) -> Tensor:
+        """This rank's validation NLL sum and token count (float64, on the device) over
+        ``limit`` batches (None: all) of ``size`` examples."""
         totals = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
         data = self.validation_data(size)
         data.set_epoch(0)
-        limit = batch_limit(self._eval_limit, self._eval_size, size)
-        for batch in to_device(itertools.islice(data.iter_from(0), limit), self.ctx.device):
-            with self.autocast():
+        for batch in self.policy.evaluation_batches(itertools.islice(data.iter_from(0), limit)):
+            with self.policy.autocast():
                 out = self.raw.loss(batch)
             totals[0] += out.nll_sum.double()
             totals[1] += out.n_tokens.double()
@@ -428,7 +416,7 @@ class _Run:
             max(n_batches - prog.batch_in_epoch, 0),
         )
         self._show_info()
-        for batch in to_device(todo, self.ctx.device):
+        for batch in self.policy.training_batches(todo):
             self.train_step(batch)
             self.bar.advance(1)
             if p.eval_every is not None and prog.step % p.eval_every == 0:

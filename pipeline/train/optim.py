@@ -10,22 +10,20 @@ from torch.optim.lr_scheduler import LambdaLR
 from pipeline.config import OptimizerKind, OptimizerParams, ScheduleKind, ScheduleParams
 
 
-def make_optimizer(model: nn.Module, params: OptimizerParams) -> optim.Optimizer:
-    """Adam or AdamW over the model's trainable parameters: the fused implementation (one
-    kernel for the whole update) when they are all on CUDA, the multi-tensor (``foreach``)
-    one elsewhere, which on CPU computes exactly what the per-parameter loop computed
-    (``tests/train/test_optim.py``)."""
+def make_optimizer(
+    model: nn.Module, params: OptimizerParams, fused: bool = False
+) -> optim.Optimizer:
+    """Adam or AdamW over the model's trainable parameters: the ``fused`` implementation
+    (one kernel for the whole update; the execution policy's choice, on CUDA), else the
+    multi-tensor (``foreach``) one, which on CPU computes exactly what the per-parameter
+    loop computed (``tests/train/test_optim.py``)."""
     cls = optim.AdamW if params.kind == OptimizerKind.ADAMW else optim.Adam
     weights = [p for p in model.parameters() if p.requires_grad]
-    on_cuda = bool(weights) and all(p.is_cuda for p in weights)
+    kernel = {"fused": True} if fused else {"foreach": True}
     return cls(
-        weights,
-        lr=params.lr,
-        betas=params.betas,
-        eps=params.eps,
-        weight_decay=params.weight_decay,
-        **({"fused": True} if on_cuda else {"foreach": True}),
-    )
+        weights, lr=params.lr, betas=params.betas, eps=params.eps,
+        weight_decay=params.weight_decay, **kernel,
+    )  # fmt: skip
 
 
 def lr_factor(

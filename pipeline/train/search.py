@@ -20,6 +20,7 @@ import torch
 from pipeline.artifacts import TuneRecord
 from pipeline.config import RunParams, SearchDim, SearchKind, SearchSpace, TuneParams
 from pipeline.errors import ConfigError
+from pipeline.machine import default_device
 from pipeline.plan import RunPlan
 from pipeline.tracking import TAG_TRIAL, NullTracker, RunRef, Tracker
 from pipeline.train.checkpoint import TrainingState
@@ -104,7 +105,7 @@ class TuneContext:
     world_size = 1
 
     def __init__(self) -> None:
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = default_device()
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pipeline.machine import has_gpu
+
 
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's (CPU and every GPU) global generators."""
@@ -39,7 +41,7 @@ def rng_state() -> dict[str, object]:
             "cached": float(cached),
         },
     }
-    if torch.cuda.is_available():
+    if has_gpu():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -62,7 +64,7 @@ def set_rng_state(state: dict[str, object]) -> None:
         )
     )
     cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
+    if cuda is not None and has_gpu():
         torch.cuda.set_rng_state_all([_cpu_bytes(s) for s in cuda])  # type: ignore[union-attr]
 
 

@@ -62,6 +62,7 @@ def train_seeds(
         placement=first.placement,
         machine=machine.describe(),
         commit=machine.code_version(first.root),
+        precision=first.knobs.precision,
     )
     record.write(first.layout.train_out(first.key) / MANIFEST_FILE)
     return record

@@ -226,24 +226,6 @@ def test_loader_over_real_shards(chitchat: Path) -> None:
     assert vocab.decode(first.target_ids[0]).strip()
 
 
-def test_lengths_padded_to_a_multiple_hold_the_same_tokens() -> None:
-    docs = [LMExample("d", 0, [arr(4, 5, 3), arr(6, 3)]), LMExample("e", 0, [arr(7, 3)])]
-    plain, padded = collate(docs), collate(docs, pad_to=8)
-    assert isinstance(padded, LMBatch) and isinstance(plain, LMBatch)
-    assert padded.sentences.shape == (2, 2, 8) and padded.flat_ids.shape == (2, 8)
-    assert plain.sentences.shape == (2, 2, 3) and plain.flat_ids.shape == (2, 5)
-    assert torch.equal(padded.sentences[..., :3], plain.sentences)
-    assert not padded.sentence_mask[..., 3:].any() and not padded.sentences[..., 3:].any()
-    assert torch.equal(padded.flat_ids[:, :5], plain.flat_ids)
-    assert torch.equal(padded.flat_mask.sum(1), plain.flat_mask.sum(1))
-    a = GenerateExample("a", 1, arr(2, 7, 3), arr(0, 0, 0), arr(0, 1, 2), arr(2, 2, 2),
-                        arr(2, 9, 9, 3))  # fmt: skip
-    batch = collate([a], pad_to=4)
-    assert batch.history.input_ids.shape == (1, 4) and batch.target_ids.shape == (1, 4)
-    assert batch.history.input_mask.tolist() == [[True, True, True, False]]
-    assert batch.history.speaker.shape == batch.history.utt_pos.shape == (1, 4)
-
-
 @pytest.mark.slow
 def test_batches_by_tokens_over_real_shards(chitchat: Path) -> None:
     for task in (Task.GENERATE, Task.SELECT, Task.LM):
@@ -258,8 +240,8 @@ def test_batches_by_tokens_over_real_shards(chitchat: Path) -> None:
         else:
             assert counts[3] == len(example.input_ids) + len(example.target_ids)
         budget = int(counts.max()) * 3
-        loaders = [BatchLoader(dataset, 1, seed=3, rank=r, world_size=2, batch_tokens=budget,
-                               pad_to=8) for r in range(2)]  # fmt: skip
+        loaders = [BatchLoader(dataset, 1, seed=3, rank=r, world_size=2, batch_tokens=budget)
+                   for r in range(2)]  # fmt: skip
         for epoch in (0, 1):
             plans = []
             for loader in loaders:

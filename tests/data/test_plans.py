@@ -17,20 +17,18 @@ from pipeline.data.plans import plan_token_batches
     n=st.integers(1, 300),
     budget=st.integers(1, 400),
     world_size=st.integers(1, 4),
-    pad_to=st.sampled_from([1, 8]),
     shuffle=st.booleans(),
     epoch=st.integers(0, 2),
 )
 def test_token_batches_keep_the_budget_and_see_every_example_once(
-    n, budget, world_size, pad_to, shuffle, epoch
+    n, budget, world_size, shuffle, epoch
 ) -> None:
     sizes = np.random.default_rng(n).integers(1, 90, n)
     plan = plan_token_batches(sizes, budget, shuffle=shuffle, seed=3, epoch=epoch,
-                              world_size=world_size, pad_to=pad_to)  # fmt: skip
-    padded = -(-sizes // pad_to) * pad_to
+                              world_size=world_size)  # fmt: skip
     assert len(plan) % world_size == 0  # every rank the same number of batches
     for batch in plan:  # within the budget, or one example larger than it
-        assert len(batch) * padded[batch].max() <= budget or len(batch) == 1
+        assert len(batch) * sizes[batch].max() <= budget or len(batch) == 1
     seen = Counter(i for batch in plan for i in batch)
     assert sorted(seen) == list(range(n))
     # repeated only where no batch could be split in two to even the ranks out
@@ -56,5 +54,3 @@ def test_unshuffled_token_batches_keep_order_within_sorted_windows() -> None:
     sizes = np.array([3, 1, 2, 8, 1, 1])
     # one sorting window (50 budgets' worth): sizes 1, 1, 1, 2 | 3 | 8 (5 x 3 > 10)
     assert plan_token_batches(sizes, 10, shuffle=False) == [[1, 4, 5, 2], [0], [3]]
-    # padded to 4: sizes 4, 4, 4, 8, 4, 4
-    assert plan_token_batches(sizes, 8, shuffle=False, pad_to=4) == [[0, 1], [2, 4], [5], [3]]

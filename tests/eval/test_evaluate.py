@@ -21,8 +21,9 @@ from pipeline.artifacts import (
     read_examples,
     read_train,
 )
-from pipeline.config import ConfigError, DecodeStrategy, parse_params
+from pipeline.config import ConfigError, DecodeStrategy, Precision, parse_params
 from pipeline.data.loader import load_vocab, open_split
+from pipeline.data.shards import read_manifest
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, generate
 from pipeline.eval import text
@@ -30,9 +31,11 @@ from pipeline.eval.collect import aggregate
 from pipeline.eval.generation import batch_seed, decode_label
 from pipeline.eval.ranking import first_correct_ranks
 from pipeline.eval.stage import EvalSettings, evaluate_run
+from pipeline.models import registry
 from pipeline.models.saved import load_model
 from pipeline.plan import SEED_STRIDE, RunRequest, plan_training
 from pipeline.train.training import train_seeds
+from tests.trained import write_trained
 
 TOKENIZE = {
     "corpora": {
@@ -296,6 +299,7 @@ def test_lm_perplexity_and_quick_max_batches(project):
     nll, n = sum(r.nll_sum for r in rows), sum(r.n_tokens for r in rows)
     assert metrics["test_ppl"] == pytest.approx(math.exp(nll / n))
     assert (project / "data" / "eval" / key / "samples.md").read_text().startswith("# gpt")
+    assert read_train(Layout(project), key).precision == Precision.FP32  # what evaluate reads
 
 
 @pytest.mark.slow  # trains three tiny models once (module fixture)
@@ -383,6 +387,37 @@ def test_unigram_baseline_scores_the_tokens_the_models_score(project):
         assert score.n_examples == len(rows)
         assert score.n_tokens == sum(r.n_tokens for r in rows)
         assert math.isfinite(score.ppl) and score.ppl > 1
+
+
+def test_evaluation_runs_at_the_precision_the_run_trained_at(tokenized, monkeypatch):
+    """The train record's precision decides the evaluate stage's autocast: bf16 for a run
+    trained in bf16 (on a CPU too), none for fp32 (on CUDA the stage ran bf16 whatever the
+    run trained at)."""
+    from pipeline.eval import stage
+
+    seen: list[torch.dtype | None] = []
+    load = stage.load_model
+
+    def spied(path, device):
+        model = load(path, device)
+        for module in model.modules():  # evaluators call its methods, not forward
+            module.register_forward_pre_hook(lambda *_: seen.append(_autocast_dtype()))
+        return model
+
+    monkeypatch.setattr(stage, "load_model", spied)
+    torch.manual_seed(0)
+    sizes = read_manifest(tokenized / "data" / "shards" / "chitchat").data_sizes()
+    model = registry.build("gpt", sizes, **MODELS["gpt"])
+    raw = project_params(max_batches=1)
+    for precision, dtype in ((Precision.BF16, torch.bfloat16), (Precision.FP32, None)):
+        write_trained(tokenized, "gpt", model, precision=precision)
+        seen.clear()
+        evaluate_run(settings(raw), "gpt", "chitchat", tokenized)
+        assert seen and set(seen) == {dtype}
+
+
+def _autocast_dtype() -> torch.dtype | None:
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
 
 
 @pytest.mark.slow  # trains three tiny models once (module fixture)

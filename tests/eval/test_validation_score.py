@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from pipeline.artifacts import SavedModel
-from pipeline.config import parse_params
+from pipeline.config import Precision, parse_params
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.shards import read_manifest
 from pipeline.data.splits import Split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.eval.collect import example_id
 from pipeline.eval.validation_score import MultiWozValidationScore
+from pipeline.execution import Evaluation, ExecutionPolicy
 from pipeline.models import registry
 from pipeline.plan import RunRequest, checked, plan_training
 
@@ -41,6 +42,7 @@ TINY_HIER = {
     "n_context_layers": 1,
     "n_decoder_layers": 1,
 }
+CPU = torch.device("cpu")
 
 
 def _dialogues(shared: Path, part: str, n: int, skip: int = 0) -> dict:
@@ -68,18 +70,20 @@ def project(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return root
 
 
-def scorer(
-    project: Path, batch_size: int = 8, max_batches: int | None = None
-) -> MultiWozValidationScore:
+def scorer(project: Path) -> MultiWozValidationScore:
     params = parse_params({"tokenize": TOKENIZE, "corpora": ["multiwoz"]})
     return MultiWozValidationScore(
         shards=str(project / "data" / "shards" / "multiwoz"),
         raw=str(project / "data" / "raw" / "multiwoz"),
         corpus="multiwoz",
         corpus_params=params.corpus("multiwoz"),
-        batch_size=batch_size,
-        max_batches=max_batches,
     )
+
+
+def on_cpu(batch_size: int, precision: Precision = Precision.AUTO) -> Evaluation:
+    """The loop's evaluation on a CPU: ``batch_size`` examples a batch, ``precision``'s
+    autocast."""
+    return ExecutionPolicy.for_evaluation(precision, CPU).evaluation(batch_size)
 
 
 def _references(project: Path) -> list[tuple[str, str, str]]:
@@ -120,18 +124,41 @@ def test_ranks_decode_disjoint_shares_of_the_whole_split(project):
     shards = project / "data" / "shards" / "multiwoz"
     valid = open_split(shards, "generate", Split.VALID)
     model = registry.build("hier", read_manifest(shards).data_sizes(), **TINY_HIER).eval()
-    score = scorer(project, batch_size=4)
-    device = torch.device("cpu")
-    whole = score.decode(model, 0, 1, device)
+    score = scorer(project)
+    whole = score.decode(model, 0, 1, on_cpu(4))
     assert [i for i, _, _ in whole] == [example_id(valid[i]) for i in range(len(valid))]
-    shares = [score.decode(model, rank, 2, device) for rank in (0, 1)]
+    shares = [score.decode(model, rank, 2, on_cpu(4)) for rank in (0, 1)]
     assert sorted(shares[0] + shares[1]) == sorted(whole)
     assert not {row[0] for row in shares[0]} & {row[0] for row in shares[1]}
     assert 0.0 <= score.score(whole)["valid_score"] <= 300.0
     # the loaded split and dialogues stay behind when a job ships to Ray workers
     shipped = pickle.loads(pickle.dumps(score))
     assert "_data" not in shipped.__dict__ and "_dialogues" not in shipped.__dict__
-    assert shipped.decode(model, 0, 1, device) == whole
+    assert shipped.decode(model, 0, 1, on_cpu(4)) == whole
+
+
+def test_the_score_decodes_under_the_runs_precision(project, monkeypatch):
+    """A run trained in bf16 is scored under bf16 autocast, one in fp32 without (the
+    score decoded without autocast whatever the run's precision)."""
+    import pipeline.decode
+
+    torch.manual_seed(0)
+    shards = project / "data" / "shards" / "multiwoz"
+    model = registry.build("hier", read_manifest(shards).data_sizes(), **TINY_HIER).eval()
+    seen: list[torch.dtype | None] = []
+    original = pipeline.decode.generate
+
+    def spy(model, batch, config):
+        cast = torch.is_autocast_enabled("cpu")
+        seen.append(torch.get_autocast_dtype("cpu") if cast else None)
+        return original(model, batch, config)
+
+    monkeypatch.setattr(pipeline.decode, "generate", spy)
+    score = scorer(project)
+    for precision, dtype in ((Precision.BF16, torch.bfloat16), (Precision.FP32, None)):
+        seen.clear()
+        score.decode(model, 0, 1, on_cpu(64, precision))
+        assert seen and set(seen) == {dtype}
 
 
 @pytest.mark.slow
@@ -161,7 +188,7 @@ def test_a_run_selected_on_the_score_records_it(project, tmp_path):
     )
     plan = plan_training(RunRequest.of(params, "hier-multiwoz"), root)
     # the job scores the plan's validation split against its raw dialogues
-    assert validation_score(plan) == scorer(root, batch_size=8, max_batches=2)
+    assert validation_score(plan) == scorer(root)
     seed = train_plan(plan, show_progress=False)
     assert seed.metrics["best_step"] in (2.0, 4.0) and seed.metrics["steps"] == 4.0
     assert 0.0 <= seed.metrics["best_valid_score"] <= 300.0

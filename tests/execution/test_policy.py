@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -164,3 +166,28 @@ def test_a_step_sets_the_shape_settings_and_the_sync_check(monkeypatch) -> None:
     assert modes == ["error", 0, "error", 0]  # nothing on CPU, nothing without a mode
     with _training(CUDA, toy, compile="reduce-overhead").step():
         assert marks == [1]  # a new CUDA-graph step
+
+
+# A test of the device, or of what devices exist, outside the policy.
+DEVICE_TEST = re.compile(r"device\.type\b|\.is_cuda\b|torch\.cuda\.is_available\(\)")
+# The stated exceptions, one each: where a run's device is found, and the models' kernels.
+EXCEPTIONS = {
+    "pipeline/machine.py": "which device a process has (default_device, has_gpu)",
+    "pipeline/models/base.py": "on_gpu: the kernel a model's pass takes (static shapes, flex)",
+}
+
+
+def test_device_decisions_live_in_the_execution_policy() -> None:
+    """Outside ``pipeline/execution/`` nothing asks which device it runs on, but the
+    stated exceptions, each in one place."""
+    root = Path(__file__).resolve().parents[2]
+    found: dict[str, list[int]] = {}
+    for path in sorted((root / "pipeline").rglob("*.py")):
+        name = path.relative_to(root).as_posix()
+        if name.startswith("pipeline/execution/"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if DEVICE_TEST.search(line.split("#")[0]):
+                found.setdefault(name, []).append(number)
+    assert set(found) == set(EXCEPTIONS), found
+    assert len(found["pipeline/models/base.py"]) == 1  # on_gpu's one line

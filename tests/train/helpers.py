@@ -13,10 +13,10 @@ from torch import nn
 
 from pipeline.config import RunParams
 from pipeline.data.batch import GenerateBatch
+from pipeline.execution import Evaluation
 from pipeline.models.base import LossOutput, ModelConfig, select_batch_dim, token_loss
 from pipeline.names import Task
 from pipeline.train.checkpoint import Progress, TrainingState
-from pipeline.train.context import DataOptions
 from pipeline.train.optim import make_optimizer, make_scheduler
 from pipeline.train.seed import rng_state
 from tests.batches import random_generate_batch
@@ -109,16 +109,14 @@ class PoolFactory:
     valid_from_train: bool = False  # memorisable: validation loss falls as training goes
     eval_batch: int | None = None  # global validation batch (default: global_batch)
 
-    def __call__(
-        self, rank: int, world: int, options: DataOptions | None = None
-    ) -> tuple[PoolData, PoolData]:
+    def __call__(self, rank: int, world: int) -> tuple[PoolData, PoolData]:
         train = random_generate_batch(self.n_train, VOCAB, seed=11)
+        valid = self.valid(rank, world, self.eval_batch or self.global_batch)
+        return PoolData(train, self.global_batch, rank, world, self.seed, shuffle=True), valid
+
+    def valid(self, rank: int, world: int, batch_size: int) -> PoolData:
         valid = random_generate_batch(self.n_valid, VOCAB, seed=11 if self.valid_from_train else 12)
-        eval_batch = (options and options.eval_batch_size) or self.eval_batch or self.global_batch
-        return (
-            PoolData(train, self.global_batch, rank, world, self.seed, shuffle=True),
-            PoolData(valid, min(eval_batch, self.n_valid), rank, world, self.seed, False),
-        )
+        return PoolData(valid, min(batch_size, self.n_valid), rank, world, self.seed, False)
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,7 @@ class ParameterCountScore:
     """A ``loop.ValidationScore`` that scores a model by its number of parameters: trials
     of different sizes score differently, so a search's direction shows."""
 
-    def decode(self, model: nn.Module, rank: int, world_size: int, device: torch.device):
+    def decode(self, model: nn.Module, rank: int, world_size: int, evaluation: Evaluation):
         return [sum(p.numel() for p in model.parameters())]
 
     def score(self, outputs: list[int]) -> dict[str, float]:

@@ -1,8 +1,10 @@
-"""The loop's paths for a GPU, exercised on CPU: the compiled step (against eager), the
-host-sync check around a step, and validation backing off from out-of-memory."""
+"""The loop's paths for a GPU, exercised on CPU: the compiled step (against eager) and its
+padded batches, the host-sync check around a step, and validation backing off from
+out-of-memory."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -12,30 +14,15 @@ import pytest
 import torch
 from torch import nn
 
-from pipeline.config.train import CompileMode
 from pipeline.data.batch import GenerateBatch
+from pipeline.execution import PAD_MULTIPLE, ExecutionPolicy
 from pipeline.models.base import LossOutput
-from pipeline.train import loop, steps
+from pipeline.train import loop
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
-from pipeline.train.loop import train_local
+from pipeline.train.context import LocalContext
+from pipeline.train.loop import train_local, train_worker
 from tests.train.helpers import VOCAB, PoolFactory, ToyConfig, ToyFactory, ToyModel
 from tests.train.test_loop import ListSink, _SyncSpy, make_job
-
-CUDA, CPU = torch.device("cuda"), torch.device("cpu")
-
-
-class _NoCompile(ToyModel):
-    supports_compile = False  # as a recurrent model's class says
-
-
-def test_auto_compiles_on_cuda_only_and_not_a_model_that_breaks_the_graph() -> None:
-    toy = ToyFactory()()
-    rnn = _NoCompile(ToyConfig(vocab_size=VOCAB))
-    assert steps.compiles(CompileMode.AUTO, CUDA, toy)
-    assert not steps.compiles(CompileMode.AUTO, CPU, toy)  # measured 0.74x on CPU
-    assert not steps.compiles(CompileMode.AUTO, CUDA, rnn)
-    assert steps.compiles(CompileMode.ON, CPU, rnn) and steps.compiles(CompileMode.ON, CPU, toy)
-    assert not steps.compiles(CompileMode.OFF, CUDA, toy)
 
 
 def _losses(sink: ListSink) -> list[float]:
@@ -64,34 +51,27 @@ def test_the_compiled_step_trains_as_eager_and_checkpoints_the_plain_model(
         assert torch.allclose(state.model[key], value, atol=1e-4), key
 
 
-def test_a_compiled_run_pads_lengths_to_a_multiple(tmp_path: Path, monkeypatch) -> None:
-    asked = []
-    original = PoolFactory.__call__
+def test_a_compiled_run_pads_its_training_batches_to_a_multiple(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The policy pads the compiled step's batches at the loader's edge (lengths of the
+    toy pool vary from batch to batch); an eager run's batches are as collated."""
+    widths: list[tuple[int, int]] = []
+    original = loop._Run.train_step
 
-    def spy(self, rank, world, options=None):
-        asked.append(options)
-        return original(self, rank, world, options)
+    def spy(self, batch):
+        widths.append((batch.history.input_ids.shape[1], batch.target_ids.shape[1]))
+        return original(self, batch)
 
-    monkeypatch.setattr(PoolFactory, "__call__", spy)
+    monkeypatch.setattr(loop._Run, "train_step", spy)
     train_local(replace(make_job(tmp_path, epochs=1, compile="on"), compile_backend="eager"))
+    compiled, widths[:] = list(widths), []
     train_local(make_job(tmp_path / "eager", epochs=1))
-    assert [o.pad_to for o in asked] == [steps.PAD_MULTIPLE, 1]
-    assert [o.eval_batch_size for o in asked] == [None, None]  # CPU: the params' batch
-
-
-def test_the_host_sync_check_sets_and_restores_the_debug_mode(monkeypatch) -> None:
-    modes: list[object] = []
-    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
-    with steps.host_sync_check("error", CUDA):
-        assert modes == ["error"]
-    assert modes == ["error", 0]
-    with steps.host_sync_check("error", CPU), steps.host_sync_check(None, CUDA):
-        pass
-    assert modes == ["error", 0]  # nothing on CPU, nothing without a mode
-    with pytest.raises(RuntimeError), steps.host_sync_check("warn", CUDA):
-        raise RuntimeError("a step failed")
-    assert modes == ["error", 0, "warn", 0]  # restored on the way out
+    assert len(compiled) == len(widths) == 8
+    assert all(w % PAD_MULTIPLE == 0 for pair in compiled for w in pair)
+    assert any(w % PAD_MULTIPLE for pair in widths for w in pair)  # the eager run: unpadded
+    assert all(c == -(-w // 8) * 8 for cs, ws in zip(compiled, widths, strict=True)
+               for c, w in zip(cs, ws, strict=True))  # fmt: skip
 
 
 def test_the_checked_part_of_every_step_reads_nothing_from_the_device(
@@ -103,16 +83,17 @@ def test_the_checked_part_of_every_step_reads_nothing_from_the_device(
     monkeypatch.setattr(sys.modules["torch.optim.adam"], "_get_value", lambda x: item(x))
     spy = _SyncSpy(monkeypatch)
     inside: list[int] = []
-    outside = steps.host_sync_check
+    outside = ExecutionPolicy.step
 
-    def counted(mode, device):
-        assert mode == ("error" if inside else None)  # the first step of a process is not
+    def counted(self, checked=True):
+        assert self.sync_debug == "error"
+        assert checked == bool(inside)  # the first step of a process is not
         before = len(spy.reads)
-        with outside(mode, device):
+        with outside(self, checked):
             yield
         inside.append(len(spy.reads) - before)
 
-    monkeypatch.setattr(loop, "host_sync_check", steps.contextlib.contextmanager(counted))
+    monkeypatch.setattr(ExecutionPolicy, "step", contextlib.contextmanager(counted))
     job = replace(
         make_job(tmp_path, epochs=2, log_every=3, averaging={"kind": "ema", "epochs": 1}),
         sync_debug="error",
@@ -149,6 +130,37 @@ class _OutOfMemoryFactory:
         return _OutOfMemory(self.fits, self.sizes)
 
 
+class _Autocasts(ToyModel):
+    """Records the autocast dtype of every validation batch (None: none)."""
+
+    def __init__(self, seen: list) -> None:
+        super().__init__(ToyConfig(vocab_size=VOCAB, d_model=8))
+        self.seen = seen
+
+    def loss(self, batch: GenerateBatch) -> LossOutput:
+        if not self.training:
+            cast = torch.is_autocast_enabled("cpu")
+            self.seen.append(torch.get_autocast_dtype("cpu") if cast else None)
+        return super().loss(batch)
+
+
+@dataclass(frozen=True)
+class _AutocastsFactory:
+    seen: list
+
+    def __call__(self) -> nn.Module:
+        return _Autocasts(self.seen)
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp32", None)])
+def test_validation_runs_at_the_runs_precision(tmp_path: Path, precision, dtype) -> None:
+    seen: list = []
+    job = replace(make_job(tmp_path, epochs=1, precision=precision),
+                  model=_AutocastsFactory(seen))  # fmt: skip
+    train_local(job)
+    assert seen and set(seen) == {dtype}
+
+
 def test_validation_halves_its_batch_on_out_of_memory_and_remembers_it(
     tmp_path: Path, capsys
 ) -> None:
@@ -176,3 +188,77 @@ def test_validation_with_a_batch_of_one_that_does_not_fit_fails(tmp_path: Path) 
                   data=PoolFactory(eval_batch=2), model=_OutOfMemoryFactory(0, []))  # fmt: skip
     with pytest.raises(torch.cuda.OutOfMemoryError):
         train_local(job)
+
+
+# --------------------------------------------------------------------------- two ranks
+
+
+class _GlooContext(LocalContext):
+    """A rank of a ``torch.distributed`` gloo group in this process (no Ray): DDP, the
+    group's collectives, checkpoints from rank 0 in the rank's own folder."""
+
+    def __init__(self, run_dir: Path, rank: int, world_size: int) -> None:
+        super().__init__(run_dir, torch.device("cpu"))
+        self.rank, self.world_size = rank, world_size
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return nn.parallel.DistributedDataParallel(model)
+
+    def all_reduce(self, values: torch.Tensor) -> torch.Tensor:
+        torch.distributed.all_reduce(values)
+        return values
+
+    def gather(self, value):
+        out: list = [None] * self.world_size
+        torch.distributed.all_gather_object(out, value)
+        return out
+
+
+@dataclass(frozen=True)
+class _RankOutOfMemoryFactory:
+    """``_OutOfMemory`` fitting ``fits[rank]`` validation examples on each rank."""
+
+    fits: tuple[int, ...]
+    sizes: list
+
+    def __call__(self) -> nn.Module:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        return _OutOfMemory(self.fits[rank], self.sizes)
+
+
+def _ddp_rank(rank: int, folder: Path, job) -> None:
+    """One rank of the two-process run: its validation batch sizes and (rank 0) the
+    validation losses go to ``<folder>/rank<r>.pt``."""
+    torch.set_num_threads(1)  # forked: no OpenMP pool from the parent
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2
+    )
+    try:
+        train_worker(job, _GlooContext(folder / f"rank{rank}", rank, 2))
+        sink = job.sink()
+        losses = [m["valid_loss"] for _, m in sink.log if "valid_loss" in m]
+        torch.save({"sizes": job.model.sizes, "valid": losses}, folder / f"rank{rank}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_agree_on_the_validation_batch_after_one_runs_out_of_memory(
+    tmp_path: Path,
+) -> None:
+    """DDP over 2 gloo processes; rank 1 runs out of memory above 2 examples of its own
+    (4 global), rank 0 never: both halve together from 8 to 4 and keep it, and the
+    validation losses are those of one process that fits everything (a rank that halved
+    alone evaluated another plan's slice: two examples twice, two never)."""
+    params = {"epochs": 2, "eval_batch_size": 8}
+    data = PoolFactory(n_train=32, n_valid=8, valid_from_train=True, eval_batch=8)
+    one = ListSink([])
+    train_local(replace(make_job(tmp_path / "one", sink=one, **params), data=data,
+                        model=_OutOfMemoryFactory(100, [])))  # fmt: skip
+    job = replace(make_job(tmp_path / "two", sink=ListSink([]), **params), data=data,
+                  model=_RankOutOfMemoryFactory((100, 2), []))  # fmt: skip
+    torch.multiprocessing.start_processes(_ddp_rank, (tmp_path, job), nprocs=2, start_method="fork")
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    # each rank's local batches: 4 (rank 1 out of memory), then 2 and 2, twice
+    assert ranks[0]["sizes"] == ranks[1]["sizes"] == [4, 2, 2, 2, 2]
+    single = [m["valid_loss"] for _, m in one.log if "valid_loss" in m]
+    assert len(single) == 2 and ranks[0]["valid"] == pytest.approx(single, rel=1e-6)
