@@ -268,14 +268,17 @@ def _done(spec: RunSpec, summary: dict[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Finished:
-    """A finished run: its summary and its validation perplexity after each epoch."""
+    """A run, finished or still training (``summary`` None: its curve so far): its
+    validation perplexity after each epoch and its training perplexity (the logged
+    windows' NLL, dropout on) over each epoch."""
 
     arm: str
     layout: str
     seed: int
     seconds: float
     curve: dict[int, float]
-    summary: dict[str, Any]
+    train: dict[int, float]
+    summary: dict[str, Any] | None
 
     @property
     def group(self) -> str:
@@ -287,53 +290,61 @@ class Finished:
         epoch = min(self.curve, key=lambda e: (self.curve[e], e))
         return epoch, self.curve[epoch]
 
+    @property
+    def epochs(self) -> str:
+        """Epochs run: all of them, or how far an unfinished run got."""
+        done = max(self.curve, default=0)
+        return str(done) if self.summary is not None else f"{done}, still training"
+
 
 def read_runs(work: Path) -> list[Finished]:
+    """Every run under ``work/runs`` with at least one validation."""
     out = []
-    for summary_path in sorted((work / "runs").glob("*.json")):
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-        lines = [json.loads(x) for x in summary_path.with_suffix(".jsonl").read_text().splitlines()]
+    for curve_path in sorted((work / "runs").glob("*.jsonl")):
+        lines = [json.loads(x) for x in curve_path.read_text(encoding="utf-8").splitlines()]
         curve = {int(x["epoch"]): float(x["valid_ppl"]) for x in lines if "valid_ppl" in x}
-        out.append(
-            Finished(
-                summary["arm"],
-                summary["layout"],
-                summary["seed"],
-                summary["seconds"],
-                curve,
-                summary,
-            )
-        )
+        if not curve:
+            continue
+        summary_path = curve_path.with_suffix(".json")
+        summary = None
+        if summary_path.is_file():
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        arm, layout, seed = curve_path.stem.rsplit("-", 2)
+        seconds = summary["seconds"] if summary else lines[-1]["time"] - lines[0]["time"]
+        epoch_of = [(x["step"], int(x["epoch"])) for x in lines if "valid_ppl" in x]
+        train: dict[int, list[float]] = {}
+        for x in lines:
+            if "train_nll" in x:  # the epoch it was logged in: the first validation after it
+                epoch = next((e for step, e in epoch_of if x["step"] <= step), None)
+                if epoch is not None:
+                    train.setdefault(epoch, []).append(x["train_nll"])
+        mean_train = {e: math.exp(statistics.mean(v)) for e, v in train.items()}
+        out.append(Finished(arm, layout, int(seed[1:]), seconds, curve, mean_train, summary))
     return sorted(out, key=lambda r: (LAYOUTS.index(r.layout), ARMS.index(r.arm), r.seed))
 
 
 def summary_rows(runs: list[Finished]) -> list[list[object]]:
-    """A row per arm and layout: best validation per seed (epoch), mean +- 95%, the spread
-    of the seeds, minutes."""
+    """A row per run: epochs run, best validation (epoch), the last epoch's validation and
+    training perplexity, minutes; then per arm and layout with several seeds, the mean of
+    the best +- 95% and the seeds' spread."""
     rows: list[list[object]] = []
+    for r in runs:
+        epoch, best = r.best
+        last = max(r.curve)
+        train = f"{r.train[last]:.1f}" if last in r.train else ""
+        rows.append([f"{r.group}, seed {r.seed}", r.epochs, f"{best:.1f}", epoch,
+                     f"{r.curve[last]:.1f}", train, f"{r.seconds / 60:.0f}"])  # fmt: skip
     groups: dict[str, list[Finished]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
     for group, members in groups.items():
-        best = [r.best for r in members]
-        ci = mean_ci([p for _, p in best])
-        interval = "-" if math.isnan(ci.half_width) else f"{ci.half_width:.1f}"
-        spread = max(p for _, p in best) - min(p for _, p in best)
-        cells = ", ".join(f"{p:.1f} (ep {e})" for e, p in best)
-        last = ", ".join(f"{r.curve[max(r.curve)]:.1f}" for r in members)
-        minutes = statistics.mean(r.seconds for r in members) / 60
-        rows.append(
-            [
-                group,
-                len(members),
-                cells,
-                f"{ci.mean:.1f}",
-                interval,
-                f"{spread:.1f}",
-                last,
-                f"{minutes:.0f}",
-            ]
-        )
+        if len(members) < 2:
+            continue
+        best = [r.best[1] for r in members]
+        ci = mean_ci(best)
+        interval = "-" if math.isnan(ci.half_width) else f"± {ci.half_width:.1f}"
+        rows.append([f"{group}: {len(members)} seeds", "", f"{ci.mean:.1f} {interval}",
+                     f"spread {max(best) - min(best):.1f}", "", "", ""])  # fmt: skip
     return rows
 
 
@@ -358,10 +369,12 @@ def plot(runs: list[Finished], path: Path) -> None:
         epochs = sorted(r.curve)
         label = r.group if r.seed == min(x.seed for x in runs if x.group == r.group) else None
         ax.plot(epochs, [r.curve[e] for e in epochs], color=colour, lw=1.2, label=label)
+        trained = sorted(r.train)
+        ax.plot(trained, [r.train[e] for e in trained], color=colour, lw=0.8, ls=":")
         epoch, best = r.best
         ax.plot([epoch], [best], "o", color=colour, ms=4)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("validation perplexity (streamed)")
+    ax.set_ylabel("perplexity: validation (solid), training (dotted)")
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
@@ -382,24 +395,28 @@ def replace_runs(document: str, runs: str) -> str:
 def report(args: argparse.Namespace) -> int:
     runs = read_runs(args.work)
     if not runs:
-        raise SystemExit(f"--work {args.work}: no finished run under runs/")
+        raise SystemExit(f"--work {args.work}: no run with a validation under runs/")
     png = args.out.with_suffix(".png")
     plot(runs, png)
-    headers = ["arm, layout", "seeds", "best valid PPL per seed (epoch)", "mean", "95% ±",
-               "spread", "last epoch's", "minutes a run"]  # fmt: skip
+    headers = ["run", "epochs", "best valid PPL", "its epoch", "last valid PPL",
+               "last epoch's train PPL", "minutes"]  # fmt: skip
     curve_headers, curves = curve_rows(runs)
-    first = runs[0].summary
-    knobs = first["knobs"]
-    size = knobs["model"]
+    finished = [r.summary for r in runs if r.summary is not None]
+    described = []
+    for summary in finished[:1]:  # the runs' settings, from a finished one's summary
+        knobs, size = summary["knobs"], summary["knobs"]["model"]
+        commands = ", ".join(sorted({f"`{s['command']}`" for s in finished}))
+        described = [
+            f"Commands: {commands}. Each run: {knobs['epochs']} epochs, GPT d "
+            f"{size['d_model']}, {size['n_layers']} layers, {size['n_heads']} heads, "
+            f"{summary['threads']} torch thread(s); batch: `run`'s `--batch-size`.",
+            "",
+        ]
     text = "\n".join(
         [
             f"{RUNS_HEADING} (written by `python -m bench.bench_lm_recipe report`)",
             "",
-            f"Commands: `{sorted({r.summary['command'] for r in runs})}`.",
-            f"Each run: {knobs['epochs']} epochs, batch {knobs['batch_size']}, GPT "
-            f"d {size['d_model']}, {size['n_layers']} layers, {size['n_heads']} heads, "
-            f"{first['threads']} torch thread(s).",
-            "",
+            *described,
             environment("cpu").markdown(),
             "",
             table(headers, summary_rows(runs)),
