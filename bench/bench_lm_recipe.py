@@ -1,39 +1,53 @@
-"""The Transformer-XL PTB recipe against today's, on validation perplexity after the same
-steps: issue 33's CPU evidence, at a size that trains on 2 cores in under an hour.
+"""Where the Transformer-XL PTB recipe's regularisers matter, on CPU: validation curves of
+GPT trained long enough to overfit, with and without them, on documents and on a stream
+(issue 41's evidence; issue 33's first comparison never left the under-trained regime).
 
-Both recipes come from ``profiles/paper.yaml``: today's is its ``train.defaults`` (Adam
-1e-4, dropout 0.1, no schedule, clip 1.0), the recipe is those merged with
-``train.models.gpt`` (locked, word-type and output dropout, AR/TAR, Adam 3e-4 with
-weight decay, warm-up and cosine decay, clip 0.25, uniform parameter averaging). Only the
-run's length is changed, the same for both: ``--epochs`` epochs, the recipe's warm-up and
-averaged epochs scaled to the same fractions of the run as in the profile (warm-up 300 of
-175 x 132 steps, averaging 50 of 175 epochs); patience off, so both take every step.
+Arms (``--arms``), both from ``profiles/paper.yaml``'s ``train.models.gpt`` and differing
+only in the model's regularisers: ``recipe`` is that run as it is (locked, word-type, q/k/v
+and output dropout, AR/TAR); ``plain`` drops them for one dropout of 0.1 everywhere. Both
+keep its optimizer (Adam 3e-4, weight decay, clip 0.25), its linear warm-up and cosine
+schedule and its uniform averaging of the last epochs, scaled to this run's length: the
+warm-up ``--warmup-fraction`` of the steps (the reference's 3,000 of its ~240,000), the
+averaging the same share of the epochs as in the profile (50 of 175). Patience off: every
+run takes every step and is validated after every epoch.
+
+Data layout (``--layout``, the corpus's ``lm.layout``): ``documents`` (the profile's
+10-sentence documents, each from ``<bos>``) or ``stream`` (the split as one text, cut into
+jittered segments of 70 target tokens after up to 70 of context, ``lm.stream``'s
+defaults). Validation is streamed as the profile's PTB test is (``evaluate.corpora.ptb.lm``,
+which the corpus's ``lm.validation`` takes): every layout's weights are scored alike.
 
 The data: the first ``--fraction`` of PTB's training sentences and the first
-``--valid-fraction`` of its validation ones (a small corpus overfits sooner: what the
-recipe is for), tokenized by the project's tokenizer with the profile's PTB settings
-(the vocabulary is the subset's words). The model: a GPT of ``--d-model``, ``--layers``
-layers. Each recipe trains ``--seeds`` seeds (the profile's seeds, shared by both recipes:
-seed i of one starts from the weights of seed i of the other) through the project's own
-plan and loop (``plan_training`` -> ``train_job`` -> ``train_local``), ``--jobs`` at a
-time, each on ``--threads`` threads. Reported per recipe: the best validation perplexity
-(per document: what the run keeps; the averaged weights' once averaging began), mean and
-95% interval over seeds, and the recipe's paired difference; written to ``--out`` with
-the machine, command and date.
+``--valid-fraction`` of its validation ones (a small corpus overfits sooner), tokenized by
+the project's tokenizer with the profile's PTB settings (the vocabulary is the subset's
+words). The model: GPT of ``--d-model``, ``--layers`` layers, ``--heads`` heads. Every run
+trains through the project's own plan and loop (``plan_training`` -> ``train_job`` ->
+``train_local``), ``--jobs`` at a time, ``--threads`` torch threads each; seed i of every
+arm starts from the same initial weights.
 
-Run (about 50 min on a quiet 2-core machine: an epoch of one run costs ~47 s of one
-core, measured under load; 6 runs x 20 epochs, 2 at a time):
-``python -m bench.bench_lm_recipe --ptb ../shared/data/ptb``.
+Two commands. ``run`` trains the runs asked for (a run whose summary exists is skipped, so
+a stopped evidence run continues; each run's per-epoch validation goes to
+``<work>/runs/<arm>-<layout>-s<seed>.jsonl``). ``report`` reads every finished run of
+``--work`` and writes ``--out`` (Markdown: best validation per seed and arm, the epoch of
+the best, the plain arm's minimum, the curves) and a PNG of the curves beside it.
+
+    python -m bench.bench_lm_recipe run --ptb ../shared/data/ptb --work /tmp/lm-recipe \
+        --arms plain recipe --layout documents --seeds 0 1 2
+    python -m bench.bench_lm_recipe report --work /tmp/lm-recipe
 """
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
+import json
 import math
 import multiprocessing
+import re
+import statistics
 import sys
-import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +56,14 @@ if __package__ in (None, ""):
 
 import torch
 
-from bench.common import environment, table
-from pipeline.artifacts import Layout
+from bench.common import MetricStamps, command_line, environment, table
+from pipeline.artifacts import MANIFEST_FILE, Layout
 from pipeline.config import Params
+from pipeline.data.loader import BatchLoader, open_split
+from pipeline.data.splits import Split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.eval.stats import mean_ci
+from pipeline.names import Task
 from pipeline.plan import RunRequest, checked, load_checked, plan_training
 from pipeline.train.job import train_job
 from pipeline.train.loop import train_local
@@ -55,9 +72,27 @@ REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "paper.yaml"
 MODEL, CORPUS = "gpt", "ptb"
 KEY = f"{MODEL}-{CORPUS}"
-# The profile's PTB run: 175 epochs of 132 steps (4,207 documents at batch 32), 300 of
-# them warming up, the last 50 epochs averaged.
-PROFILE_STEPS_PER_EPOCH = 132
+ARMS = ("plain", "recipe")
+RUNS_HEADING = "## Runs"
+LAYOUTS = ("documents", "stream")
+# The reference's warm-up: 3,000 steps of its ~240,000 (175 epochs of ~1,372 steps;
+# Fast-Weight-Memory transformer_xl_ptb/train.py l. 71, log.txt).
+WARMUP_FRACTION = 3000 / (175 * 1372)
+# The model's regularisers (the recipe's sites); the plain arm leaves them at their
+# defaults: one dropout everywhere, nothing locked, no AR/TAR.
+REGULARISERS = (
+    "locked_dropout",
+    "embedding_dropout",
+    "input_dropout",
+    "attention_dropout",
+    "attention_output_dropout",
+    "ffn_dropout",
+    "qkv_dropout",
+    "output_dropout",
+    "ar_alpha",
+    "tar_beta",
+    "dropout",
+)
 
 
 def write_subset(ptb: Path, raw: Path, fraction: float, valid_fraction: float) -> dict[str, int]:
@@ -77,166 +112,362 @@ def write_subset(ptb: Path, raw: Path, fraction: float, valid_fraction: float) -
     return kept
 
 
-def recipes(
-    profile: Params, epochs: int, steps_per_epoch: int, sizes: dict[str, int], seeds: int
-) -> dict[str, dict[str, Any]]:
-    """The train knobs (raw ``train.defaults``) of ``today`` and ``recipe``: the profile's,
-    at this run's length and model size, the recipe's warm-up and averaging scaled to it."""
-    base = profile.train.defaults
-    common = {"epochs": epochs, "patience": None, "seeds": seeds, "checkpoint_every": None}
-    today = base.model_copy(update=common)
-    recipe = profile.train.run(MODEL, CORPUS).model_copy(update=common)
-    full = profile.train.run(MODEL, CORPUS)
-    warmup = full.schedule.warmup_steps / (full.epochs * PROFILE_STEPS_PER_EPOCH)
-    recipe = recipe.model_copy(
-        update={
-            "schedule": recipe.schedule.model_copy(
-                update={"warmup_steps": max(1, round(warmup * epochs * steps_per_epoch))}
-            ),
-            "averaging": recipe.averaging.model_copy(
-                update={"epochs": max(1, round(full.averaging.epochs / full.epochs * epochs))}
-            ),
-        }
-    )
-    out = {}
-    for name, knobs in (("today", today), ("recipe", recipe)):
-        raw = knobs.model_dump(mode="json", exclude_unset=False)
-        raw["model"] = {**raw["model"], **sizes}
-        out[name] = raw
-    return out
+def corpus_params(profile: Params, layout: str) -> dict[str, Any]:
+    """The profile's PTB tokenize settings, fed as ``layout``, validated as it tests."""
+    corpus = profile.tokenize.corpora[CORPUS].model_dump(mode="json")
+    test = profile.evaluate.for_corpus(CORPUS).lm.model_dump(mode="json")
+    corpus["lm"] = {**corpus["lm"], "layout": layout, "validation": test}
+    return corpus
 
 
-def project_params(knobs: dict[str, Any], profile: Params) -> Params:
-    """The params of one recipe's run ``gpt-ptb``, checked as a stage reads them."""
+def project_params(profile: Params, layout: str, knobs: dict[str, Any] | None = None) -> Params:
+    """The params of a run ``gpt-ptb`` on ``layout``, checked as a stage reads them."""
+    corpus = corpus_params(profile, layout)
     return checked(
         {
             "corpora": [CORPUS],
-            "tokenize": {"corpora": {CORPUS: profile.tokenize.corpora[CORPUS].model_dump()}},
+            "tokenize": {"corpora": {CORPUS: corpus}},
             "train": {
-                "defaults": knobs,
+                "defaults": knobs or {},
                 "runs": {KEY: {"model": MODEL, "corpus": CORPUS}},
                 "scale": {"num_workers": 0},
             },
+            "evaluate": {"corpora": {CORPUS: {"lm": corpus["lm"]["validation"]}}},
             "tracking": {"enabled": False},
         }
     )
 
 
-def train_seed(
-    root: Path, knobs: dict[str, Any], seed_index: int, threads: int
-) -> dict[str, float]:
-    """One seed of one recipe, in this process: the loop's final metrics and its seconds."""
-    torch.set_num_threads(threads)
+def prepare(args: argparse.Namespace, profile: Params) -> tuple[Path, int]:
+    """The layout's project under ``--work`` (tokenized once) and its steps per epoch."""
+    root = args.work / args.layout
+    layout = Layout(root)
+    if not (layout.shards(CORPUS) / MANIFEST_FILE).is_file():
+        write_subset(args.ptb, layout.raw(CORPUS), args.fraction, args.valid_fraction)
+        params = project_params(profile, args.layout)
+        tokenize_corpus(CORPUS, layout.raw(CORPUS), layout.shards(CORPUS), params)
+    unit = "tokens" if args.layout == "stream" else None
+    loader = BatchLoader(
+        open_split(layout.shards(CORPUS), Task.LM, Split.TRAIN, unit), args.batch_size
+    )
+    return root, len(loader)
+
+
+def arm_knobs(
+    profile: Params, arm: str, args: argparse.Namespace, steps_per_epoch: int
+) -> dict[str, Any]:
+    """The train knobs of ``arm`` (raw ``train.defaults``): the profile's GPT run at this
+    length, batch and size, its warm-up and averaging scaled to the run."""
+    full = profile.train.run(MODEL, CORPUS)
+    model = {k: v for k, v in full.model.items() if arm == "recipe" or k not in REGULARISERS}
+    model.update(
+        d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=4 * args.d_model
+    )
+    warmup = max(1, round(args.warmup_fraction * args.epochs * steps_per_epoch))
+    knobs = full.model_copy(
+        update={
+            "epochs": args.epochs,
+            "patience": None,
+            "seeds": max(args.seeds) + 1,
+            "checkpoint_every": None,
+            "eval_every": None,
+            "max_steps": None,
+            "batch_size": args.batch_size,
+            "batch_tokens": None,
+            "eval_batch_size": args.eval_batch_size,
+            "model": model,
+            "schedule": full.schedule.model_copy(
+                update={"warmup_steps": warmup, "decay_steps": None}
+            ),
+            "averaging": full.averaging.model_copy(
+                update={"epochs": max(1, round(full.averaging.epochs / full.epochs * args.epochs))}
+            ),
+        }
+    )
+    return knobs.model_dump(mode="json")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training of the evidence: arm, layout, seed index and where its files go."""
+
+    arm: str
+    layout: str
+    seed: int
+    root: Path
+    knobs: dict[str, Any]
+    threads: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm}-{self.layout}-s{self.seed}"
+
+    def files(self) -> tuple[Path, Path]:
+        runs = self.root.parent / "runs"
+        return runs / f"{self.name}.jsonl", runs / f"{self.name}.json"
+
+
+def train_run(spec: RunSpec, profile_path: Path, command: str) -> dict[str, Any]:
+    """One run in this process: its per-epoch validation to its JSONL file, its summary
+    (final metrics, seconds, knobs, command) to its JSON file, returned."""
+    torch.set_num_threads(spec.threads)
+    curve, summary = spec.files()
+    curve.parent.mkdir(parents=True, exist_ok=True)
+    curve.unlink(missing_ok=True)
+    profile = load_checked(profile_path)
     start = time.perf_counter()
+    plan = plan_training(
+        RunRequest.of(project_params(profile, spec.layout, spec.knobs), KEY), spec.root
+    )
+    job = train_job(plan.for_seed(spec.seed), MetricStamps(str(curve)), False)
+    metrics = train_local(job, torch.device("cpu"))
+    out = {
+        "arm": spec.arm,
+        "layout": spec.layout,
+        "seed": spec.seed,
+        "metrics": metrics,
+        "seconds": time.perf_counter() - start,
+        "threads": spec.threads,
+        "knobs": spec.knobs,
+        "command": command,
+    }
+    summary.write_text(json.dumps(out, indent=1), encoding="utf-8")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
     profile = load_checked(PROFILE)
-    plan = plan_training(RunRequest.of(project_params(knobs, profile), KEY), root)
-    metrics = train_local(train_job(plan.for_seed(seed_index), None, False), torch.device("cpu"))
-    return {**metrics, "seconds": time.perf_counter() - start}
+    root, steps = prepare(args, profile)
+    specs = [
+        RunSpec(arm, args.layout, seed, root, arm_knobs(profile, arm, args, steps), args.threads)
+        for seed in args.seeds
+        for arm in args.arms
+    ]
+    todo = [s for s in specs if not s.files()[1].is_file()]
+    print(f"{len(todo)} of {len(specs)} runs to train, {steps} steps an epoch", flush=True)
+    command = command_line()
+    if args.jobs == 0:  # in this process, one after another
+        for spec in todo:
+            _done(spec, train_run(spec, PROFILE, command))
+        return 0
+    context = multiprocessing.get_context("spawn")  # a fresh torch in each process
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        futures = {pool.submit(train_run, s, PROFILE, command): s for s in todo}
+        for future in concurrent.futures.as_completed(futures):
+            _done(futures[future], future.result())
+    return 0
 
 
-def run_all(
-    root: Path, knobs: dict[str, dict[str, Any]], seeds: int, jobs: int, threads: int
-) -> dict[str, list[dict[str, float]]]:
-    """Every seed of every recipe, ``jobs`` processes at a time (0: one after another in
-    this one), seed by seed so that both recipes' seeds share the machine alike."""
-    order = [(name, i) for i in range(seeds) for name in knobs]
-    if jobs == 0:
-        done = {job: train_seed(root, knobs[job[0]], job[1], threads) for job in order}
-    else:
-        context = multiprocessing.get_context("spawn")  # a fresh torch in each process
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
-            futures = {job: pool.submit(train_seed, root, knobs[job[0]], job[1], threads)
-                       for job in order}  # fmt: skip
-            done = {job: future.result() for job, future in futures.items()}
-    return {name: [done[name, i] for i in range(seeds)] for name in knobs}
+def _done(spec: RunSpec, summary: dict[str, Any]) -> None:
+    best = summary["metrics"]["best_valid_ppl"]
+    print(f"{spec.name}: best valid {best:.1f} in {summary['seconds'] / 60:.0f} min", flush=True)
 
 
-def summary_rows(results: dict[str, list[dict[str, float]]]) -> list[list[object]]:
-    """A row per recipe: best validation perplexity per seed, mean ± 95% interval, steps;
-    then the recipe's paired difference over seeds."""
+# --------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A run, finished or still training (``summary`` None: its curve so far): its
+    validation perplexity after each epoch and its training perplexity (the logged
+    windows' NLL, dropout on) over each epoch."""
+
+    arm: str
+    layout: str
+    seed: int
+    seconds: float
+    curve: dict[int, float]
+    train: dict[int, float]
+    summary: dict[str, Any] | None
+
+    @property
+    def group(self) -> str:
+        return f"{self.arm}, {self.layout}"
+
+    @property
+    def best(self) -> tuple[int, float]:
+        """(epoch, perplexity) of the lowest validation."""
+        epoch = min(self.curve, key=lambda e: (self.curve[e], e))
+        return epoch, self.curve[epoch]
+
+    @property
+    def epochs(self) -> str:
+        """Epochs run: all of them, or how far an unfinished run got."""
+        done = max(self.curve, default=0)
+        return str(done) if self.summary is not None else f"{done}, still training"
+
+
+def read_runs(work: Path) -> list[Finished]:
+    """Every run under ``work/runs`` with at least one validation."""
+    out = []
+    for curve_path in sorted((work / "runs").glob("*.jsonl")):
+        lines = [json.loads(x) for x in curve_path.read_text(encoding="utf-8").splitlines()]
+        curve = {int(x["epoch"]): float(x["valid_ppl"]) for x in lines if "valid_ppl" in x}
+        if not curve:
+            continue
+        summary_path = curve_path.with_suffix(".json")
+        summary = None
+        if summary_path.is_file():
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        arm, layout, seed = curve_path.stem.rsplit("-", 2)
+        seconds = summary["seconds"] if summary else lines[-1]["time"] - lines[0]["time"]
+        epoch_of = [(x["step"], int(x["epoch"])) for x in lines if "valid_ppl" in x]
+        train: dict[int, list[float]] = {}
+        for x in lines:
+            if "train_nll" in x:  # the epoch it was logged in: the first validation after it
+                epoch = next((e for step, e in epoch_of if x["step"] <= step), None)
+                if epoch is not None:
+                    train.setdefault(epoch, []).append(x["train_nll"])
+        mean_train = {e: math.exp(statistics.mean(v)) for e, v in train.items()}
+        out.append(Finished(arm, layout, int(seed[1:]), seconds, curve, mean_train, summary))
+    return sorted(out, key=lambda r: (LAYOUTS.index(r.layout), ARMS.index(r.arm), r.seed))
+
+
+def summary_rows(runs: list[Finished]) -> list[list[object]]:
+    """A row per run: epochs run, best validation (epoch), the last epoch's validation and
+    training perplexity, minutes; then per arm and layout with several seeds, the mean of
+    the best +- 95% and the seeds' spread."""
     rows: list[list[object]] = []
-    for name, seeds in results.items():
-        ppl = [r["best_valid_ppl"] for r in seeds]
-        ci = mean_ci(ppl)
-        interval = "-" if math.isnan(ci.half_width) else f"{ci.half_width:.1f}"
-        steps = "/".join(sorted({f"{r['steps']:.0f}" for r in seeds}))
-        best = ", ".join(f"{r['best_step']:.0f}" for r in seeds)
-        cells = ", ".join(f"{p:.1f}" for p in ppl)
-        minutes = sum(r["seconds"] for r in seeds) / 60
-        rows.append([name, cells, f"{ci.mean:.1f}", interval, steps, best, f"{minutes:.0f}"])
-    today, recipe = (results[k] for k in ("today", "recipe"))
-    diff = [b["best_valid_ppl"] - a["best_valid_ppl"] for a, b in zip(today, recipe, strict=True)]
-    ci = mean_ci(diff)
-    interval = "-" if math.isnan(ci.half_width) else f"{ci.half_width:.1f}"
-    rows.append(["recipe - today", ", ".join(f"{d:+.1f}" for d in diff), f"{ci.mean:+.1f}",
-                 interval, "", "", ""])  # fmt: skip
+    for r in runs:
+        epoch, best = r.best
+        last = max(r.curve)
+        train = f"{r.train[last]:.1f}" if last in r.train else ""
+        rows.append([f"{r.group}, seed {r.seed}", r.epochs, f"{best:.1f}", epoch,
+                     f"{r.curve[last]:.1f}", train, f"{r.seconds / 60:.0f}"])  # fmt: skip
+    groups: dict[str, list[Finished]] = {}
+    for r in runs:
+        groups.setdefault(r.group, []).append(r)
+    for group, members in groups.items():
+        if len(members) < 2:
+            continue
+        best = [r.best[1] for r in members]
+        ci = mean_ci(best)
+        interval = "-" if math.isnan(ci.half_width) else f"± {ci.half_width:.1f}"
+        rows.append([f"{group}: {len(members)} seeds", "", f"{ci.mean:.1f} {interval}",
+                     f"spread {max(best) - min(best):.1f}", "", "", ""])  # fmt: skip
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = _parser()
-    args = p.parse_args(argv)
-    profile = load_checked(PROFILE)
-    env = environment("cpu")
-    sizes = {"d_model": args.d_model, "n_heads": args.heads, "n_layers": args.layers,
-             "d_ff": 4 * args.d_model}  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="lm-recipe-") as tmp:
-        root = Path(args.work or tmp).resolve()
-        layout = Layout(root)
-        kept = write_subset(args.ptb, layout.raw(CORPUS), args.fraction, args.valid_fraction)
-        record = tokenize_corpus(CORPUS, layout.raw(CORPUS), layout.shards(CORPUS), profile)
-        documents = math.ceil(kept["train"] / profile.corpus(CORPUS).lm.sentences_per_document)
-        steps_per_epoch = math.ceil(documents / profile.train.defaults.batch_size)
-        knobs = recipes(profile, args.epochs, steps_per_epoch, sizes, args.seeds)
-        results = run_all(root, knobs, args.seeds, args.jobs, args.threads)
-    headers = ["recipe", "best valid PPL per seed", "mean", "95% ±", "steps", "best step",
-               "minutes (all seeds)"]  # fmt: skip
+def curve_rows(runs: list[Finished]) -> tuple[list[str], list[list[object]]]:
+    """Validation perplexity per epoch (rows) and run (columns)."""
+    epochs = sorted({e for r in runs for e in r.curve})
+    headers = ["epoch", *(f"{r.arm} {r.layout} s{r.seed}" for r in runs)]
+    rows = [[e, *(f"{r.curve[e]:.1f}" if e in r.curve else "" for r in runs)] for e in epochs]
+    return headers, rows
+
+
+def plot(runs: list[Finished], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7.5, 4.5))
+    FigureCanvasAgg(figure)
+    ax = figure.add_subplot()
+    colours = {}
+    for r in runs:
+        colour = colours.setdefault(r.group, f"C{len(colours)}")
+        epochs = sorted(r.curve)
+        label = r.group if r.seed == min(x.seed for x in runs if x.group == r.group) else None
+        ax.plot(epochs, [r.curve[e] for e in epochs], color=colour, lw=1.2, label=label)
+        trained = sorted(r.train)
+        ax.plot(trained, [r.train[e] for e in trained], color=colour, lw=0.8, ls=":")
+        epoch, best = r.best
+        ax.plot([epoch], [best], "o", color=colour, ms=4)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("perplexity: validation (solid), training (dotted)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax.set_title("GPT on 10% of PTB: validation after each epoch (dots: each run's best)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def replace_runs(document: str, runs: str) -> str:
+    """``document`` with its runs section (from :data:`RUNS_HEADING` to the next ``## ``
+    heading) replaced by ``runs``; appended where it has none."""
+    pattern = re.compile(rf"^{re.escape(RUNS_HEADING)}.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    if pattern.search(document):
+        return pattern.sub(lambda _: runs.rstrip("\n") + "\n\n", document, count=1)
+    return document.rstrip("\n") + "\n\n" + runs
+
+
+def report(args: argparse.Namespace) -> int:
+    runs = read_runs(args.work)
+    if not runs:
+        raise SystemExit(f"--work {args.work}: no run with a validation under runs/")
+    png = args.out.with_suffix(".png")
+    plot(runs, png)
+    headers = ["run", "epochs", "best valid PPL", "its epoch", "last valid PPL",
+               "last epoch's train PPL", "minutes"]  # fmt: skip
+    curve_headers, curves = curve_rows(runs)
+    finished = [r.summary for r in runs if r.summary is not None]
+    described = []
+    for summary in finished[:1]:  # the runs' settings, from a finished one's summary
+        knobs, size = summary["knobs"], summary["knobs"]["model"]
+        commands = ", ".join(sorted({f"`{s['command']}`" for s in finished}))
+        described = [
+            f"Commands: {commands}. Each run: {knobs['epochs']} epochs, GPT d "
+            f"{size['d_model']}, {size['n_layers']} layers, {size['n_heads']} heads, "
+            f"{summary['threads']} torch thread(s); batch: `run`'s `--batch-size`.",
+            "",
+        ]
     text = "\n".join(
         [
-            "# The Transformer-XL PTB recipe against today's, on CPU (issue 33)",
+            f"{RUNS_HEADING} (written by `python -m bench.bench_lm_recipe report`)",
             "",
-            f"Produced by `bench/bench_lm_recipe.py` (its docstring says what it does). GPT, "
-            f"d {args.d_model}, {args.layers} layer(s), {args.heads} heads, FFN "
-            f"{4 * args.d_model}; the first {kept['train']:,} training sentences "
-            f"({args.fraction:.0%} of PTB's, {record.data_sizes().vocab_size:,}-word vocabulary "
-            f"from them) and {kept['valid']:,} validation sentences; batch "
-            f"{profile.train.defaults.batch_size} documents of "
-            f"{profile.corpus(CORPUS).lm.sentences_per_document} sentences, "
-            f"{args.epochs} epochs ({steps_per_epoch} steps each) for both recipes, "
-            f"{args.seeds} seeds each (seed i of both from the same initial weights). "
-            "Perplexity: validation, per document, of the weights each run keeps (its best "
-            "validation; the recipe's averaged weights once averaging begins).",
+            *described,
+            environment("cpu").markdown(),
             "",
-            env.markdown(),
+            table(headers, summary_rows(runs)),
             "",
-            table(headers, summary_rows(results)),
+            f"![validation curves]({png.name})",
+            "",
+            "Validation perplexity after each epoch (streamed; the averaged weights once "
+            "averaging began):",
+            "",
+            table(curve_headers, curves),
             "",
         ]
     )
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text, encoding="utf-8")
+    if args.out.is_file() and args.section:
+        text = replace_runs(args.out.read_text(encoding="utf-8"), text)
+    args.out.write_text(text, encoding="utf-8")
     return 0
 
 
-def _parser():
-    import argparse
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return run(args) if args.command == "run" else report(args)
 
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ptb", type=Path, required=True, help="folder of ptb.{train,valid,test}.txt")
-    p.add_argument("--fraction", type=float, default=0.1, help="of PTB's training sentences")
-    p.add_argument("--valid-fraction", type=float, default=0.5, help="of its validation ones")
-    p.add_argument("--epochs", type=int, default=20, help="epochs of every run")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--jobs", type=int, default=2, help="trainings at a time (0: in this process)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per training")
-    p.add_argument("--work", type=Path, default=None, help="project folder (default: a temp one)")
-    p.add_argument("--out", type=Path, default=REPO / "results" / "LM_RECIPE.md",
-                   help="where the table goes (none: printed only)")  # fmt: skip
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="train the runs asked for (finished ones are skipped)")
+    r.add_argument("--ptb", type=Path, required=True, help="folder of ptb.{train,valid,test}.txt")
+    r.add_argument("--work", type=Path, required=True, help="the evidence's folder")
+    r.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    r.add_argument("--layout", choices=LAYOUTS, default="documents", help="lm.layout")
+    r.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seed indices")
+    r.add_argument("--fraction", type=float, default=0.1, help="of PTB's training sentences")
+    r.add_argument("--valid-fraction", type=float, default=0.1, help="of its validation ones")
+    r.add_argument("--epochs", type=int, default=20, help="epochs of every run")
+    r.add_argument(
+        "--batch-size", type=int, default=4, help="documents (or stream segments) a step"
+    )
+    r.add_argument("--eval-batch-size", type=int, default=16, help="validation windows a batch")
+    r.add_argument("--warmup-fraction", type=float, default=WARMUP_FRACTION, help="of the steps")
+    r.add_argument("--d-model", type=int, default=256)
+    r.add_argument("--layers", type=int, default=2)
+    r.add_argument("--heads", type=int, default=4)
+    r.add_argument("--jobs", type=int, default=2, help="trainings at a time (0: in this process)")
+    r.add_argument("--threads", type=int, default=1, help="torch threads per training")
+    w = sub.add_parser("report", help="the table, curves and plot of every finished run")
+    w.add_argument("--work", type=Path, required=True)
+    w.add_argument("--out", type=Path, default=REPO / "results" / "LM_RECIPE.md")
+    w.add_argument("--section", action="store_true", help="replace only --out's runs section")
     return p
 
 

@@ -15,7 +15,10 @@ own time budget and in the order a first GPU run needs them most, and prints as 
   Transformer and U-Net vs HF BART at the paper's seq2seq size; eager and compiled;
   tokens/s, MFU;
 - ``hier``: the HIER attention rows (``bench.bench_hier_attention``) at 300-1,200 history
-  tokens.
+  tokens;
+- ``ptb-curve`` (issue 41; only when named, alone: ``--parts ptb-curve``): GPT-6 fed as
+  issue 33's documents and as the reference's stream, at once, with the whole run's
+  schedule, each epoch's streamed validation beside the reference's log (``curve.py``).
 
 Each part says how long it took and how much of it was compiling. The run ends with a
 summary table (each number beside the issue's target and baseline), written as the GPU

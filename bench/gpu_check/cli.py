@@ -80,6 +80,11 @@ PARTS = {
 }
 # The GPU kit's run.sh runs a process per phase in the order of its PHASES, whose default
 # puts hier before the peers: the README gives the PHASES of this order.
+# Diagnostics: run only when named in --parts (alone, each fills a device window of its
+# own); never in a default run, nor in the budgets above.
+DIAGNOSTICS = {
+    "ptb-curve": Spec("Issue 41: PTB curves, documents vs stream", 420, True, "curve:ptb_curve"),
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -99,7 +104,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--peak-tflops", type=float, default=None, help="the card's dense bf16 peak")
     p.add_argument("--processes", type=int, default=None, help="trainings at once (4; smoke 2)")
     p.add_argument("--seq2seq-batch", type=int, default=None, help="histories a step (256)")
-    p.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        choices=[*PARTS, *DIAGNOSTICS],
+        default=list(PARTS),
+        help=f"default: every part; {', '.join(DIAGNOSTICS)} only when named",
+    )
     p.add_argument(
         "--results",
         type=Path,
@@ -183,7 +194,7 @@ def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
 def run_part(key: str, check: Check) -> Part:
     """Part ``key``: skipped (with why) where it cannot run, else run and timed; an error
     is the part's failure, reported in one line, and the check goes on."""
-    spec, setup = PARTS[key], check.setup
+    spec, setup = {**PARTS, **DIAGNOSTICS}[key], check.setup
     part = Part(key, spec.title, spec.budget_s)
     if check.seconds_left() <= 0:
         part.skipped = f"the time limit is spent; run it alone: --parts {key}"
@@ -234,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             limit = SMOKE_TIME_LIMIT_S if setup.smoke else TIME_LIMIT_S
         check = Check(setup, time.monotonic() + limit)
         done = []
-        for key in PARTS:
+        for key in [*PARTS, *DIAGNOSTICS]:
             if key in args.parts:
                 done.append(run_part(key, check))
                 print(done[-1].markdown() + "\n", flush=True)

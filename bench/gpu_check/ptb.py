@@ -57,12 +57,13 @@ def missing_files(folder: Path) -> str | None:
 
 
 class PTB:
-    """The profile's PTB runs on a scratch project holding the tokenized corpus."""
+    """The profile's PTB runs on a scratch project holding the tokenized corpus
+    (``profile``: its file, or params already read and checked)."""
 
-    def __init__(self, profile: Path, folder: Path, root: Path, smoke: bool) -> None:
+    def __init__(self, profile: Path | Params, folder: Path, root: Path, smoke: bool) -> None:
         from pipeline.data.tokenize import tokenize_corpus
 
-        self.params: Params = load_checked(profile)
+        self.params: Params = profile if isinstance(profile, Params) else load_checked(profile)
         self.root, self.smoke = root, smoke
         self.record = tokenize_corpus("ptb", folder, Layout(root).shards("ptb"), self.params)
 

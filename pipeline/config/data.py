@@ -12,6 +12,7 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.config.evaluate import LMEvaluateParams
 from pipeline.config.sections import CorpusKey, Section
 from pipeline.names import OnError, Task
 
@@ -115,12 +116,44 @@ class SelectParams(Section):
         return self
 
 
+class LMStreamParams(Section):
+    """``lm.stream``: how ``lm.layout: stream`` cuts the training text into segments
+    (``pipeline.data.streams``). Defaults: the Transformer-XL PTB code's (github
+    ischlag/Fast-Weight-Memory-public, ``language-modelling/transformer_xl_ptb/train.py``
+    l. 97-102, 311-318): 70 target tokens after up to 70 of context, 5% of the segments
+    half as long, a normal jitter of sd 5, at least 5 tokens; a hierarchical LM cuts whole
+    sentences, 3 after up to 3 (PTB's sentences average 22 tokens: about the same text)."""
+
+    target_tokens: int = Field(default=70, gt=0, description="scored tokens a segment")
+    context_tokens: int = Field(default=70, ge=0, description="tokens before it, unscored")
+    jitter_tokens: float = Field(default=5.0, ge=0, description="sd of a segment's length")
+    min_tokens: int = Field(default=5, gt=0, description="the shortest segment")
+    short_fraction: float = Field(
+        default=0.05, ge=0, lt=1, description="segments of half the target length"
+    )
+    target_sentences: int = Field(default=3, gt=0, description="hierarchical LMs: scored")
+    context_sentences: int = Field(default=3, ge=0, description="hierarchical LMs: context")
+
+
 class LMParams(Section):
     """``max_sentence``: tokens kept per sentence (its ``<eos>`` included); ``null`` keeps
-    every token (PTB's convention: no sentence is cut)."""
+    every token (PTB's convention: no sentence is cut). ``layout`` and ``validation``: how
+    the language models on the corpus read its training and validation splits (the shards
+    are the same documents either way)."""
 
     sentences_per_document: int = Field(default=10, gt=0)
     max_sentence: int | None = Field(default=50, gt=1)
+    layout: Literal["documents", "stream"] = Field(
+        default="documents",
+        description="training split: documents, each from <bos>; or stream, the split as "
+        "one text cut into segments every epoch (lm.stream), as LM papers train on PTB",
+    )
+    stream: LMStreamParams = LMStreamParams()
+    validation: LMEvaluateParams = Field(
+        default=LMEvaluateParams(),
+        description="the validation that keeps an LM's weights: per document, or streamed; "
+        "the params check holds it to the corpus's evaluate lm protocol",
+    )
 
 
 class ChatTargets(enum.StrEnum):

@@ -4,6 +4,7 @@ language models' protocol)."""
 from __future__ import annotations
 
 import enum
+from typing import Literal
 
 from pydantic import (
     Field,
@@ -106,9 +107,15 @@ class LMEvaluateParams(Section):
     then advances by them. Defaults: Transformer-XL's PTB test (its ``train.py`` l. 299-329
     and l. 499: 10 tokens scored a window after 130 of context, ``eval_bptt`` 10 and
     ``ext_len`` 70 + 70 - 10); for HGPT, 9 sentences of context, the most its document GPT
-    sees in training on PTB's 10-sentence documents."""
+    sees in training on PTB's 10-sentence documents. ``unit: sentences`` streams a flat
+    model by sentences too: both read the same windows."""
 
     protocol: LMProtocol = LMProtocol.DOCUMENT
+    unit: Literal["model", "sentences"] = Field(
+        default="model",
+        description="stream: each model's own unit (flat: tokens, hierarchical: sentences), or "
+        "sentences for every LM, so that flat and hierarchical models read the same windows",
+    )
     context_tokens: int = Field(
         default=130, ge=0, description="stream, flat LMs: tokens of context before each window"
     )
@@ -121,6 +128,13 @@ class LMEvaluateParams(Section):
     stride_sentences: int = Field(
         default=1, ge=1, description="stream, hierarchical LMs: sentences each window scores"
     )
+
+    def window(self, model_unit: str) -> tuple[Literal["tokens", "sentences"], int, int]:
+        """``(unit, context, stride)`` of a streamed evaluation of a model whose own stream
+        unit is ``model_unit``."""
+        if self.unit == "sentences" or model_unit == "sentences":
+            return "sentences", self.context_sentences, self.stride_sentences
+        return "tokens", self.context_tokens, self.stride_tokens
 
 
 class CorpusEvaluateParams(Section):

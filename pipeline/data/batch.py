@@ -138,7 +138,9 @@ class LMBatch(_TensorBatch):
     """Documents as sentences: ``sentences``/``sentence_mask`` are ``[B, S, Ls]``.
 
     ``flat_ids``/``flat_mask`` ``[B, Lf]`` hold exactly the same real tokens concatenated
-    in order, for flat (GPT) models.
+    in order, for flat (GPT) models. ``context_tokens`` ``[B]`` (windows of a stream,
+    ``data.streams``): row b's first ``context_tokens[b]`` real tokens are context, read
+    but not scored; None: every real token is scored.
     """
 
     TOKEN_AXES: ClassVar[dict[str, int]] = {
@@ -153,6 +155,23 @@ class LMBatch(_TensorBatch):
     flat_ids: Tensor
     flat_mask: Tensor
     dialogue_id: tuple[str, ...]
+    context_tokens: Tensor | None = None
+
+    def scored_mask(self) -> Tensor:
+        """``[B, S, Ls]``: the real tokens a model is scored on (all, or those after each
+        row's context); static shapes, nothing read on the host."""
+        if self.context_tokens is None:
+            return self.sentence_mask
+        b = self.sentence_mask.shape[0]
+        seen = self.sentence_mask.reshape(b, -1).cumsum(1).view(self.sentence_mask.shape)
+        return self.sentence_mask & (seen > self.context_tokens.view(b, 1, 1))
+
+    def scored_flat_mask(self) -> Tensor:
+        """``[B, Lf]``: :meth:`scored_mask` in the flat layout."""
+        if self.context_tokens is None:
+            return self.flat_mask
+        position = torch.arange(self.flat_mask.shape[1], device=self.flat_mask.device)
+        return self.flat_mask & (position[None, :] >= self.context_tokens[:, None])
 
 
 Batch = GenerateBatch | SelectBatch | LMBatch

@@ -31,6 +31,7 @@ from pipeline.data.records import (
 )
 from pipeline.data.resample import TrainingDraws
 from pipeline.data.shards import ShardTable, read_manifest
+from pipeline.data.streams import Unit, split_stream
 from pipeline.data.vocab import Vocab
 from pipeline.errors import DataError
 from pipeline.names import Task
@@ -77,24 +78,37 @@ class ExampleDataset(Dataset):
     ``draws``: the training select split of a corpus tokenized with
     ``select.resample_negatives`` redraws its candidates (and, with augmentation, its
     contexts) per (seed, epoch, row), as :meth:`set_epoch` last set; None elsewhere, the
-    examples then being exactly the stored ones.
+    examples then being exactly the stored ones. ``stream``: a language model's split
+    read as one text (``stream_unit`` given, and the corpus's ``lm`` params asking for it:
+    ``data.streams.split_stream``): its examples are windows of it, a training split's
+    recut by :meth:`set_epoch`.
     """
 
-    def __init__(self, root: str | Path, task: Task | str, split: str) -> None:
+    def __init__(
+        self, root: str | Path, task: Task | str, split: str, stream_unit: Unit | None = None
+    ) -> None:
         self.table = ShardTable(root, task, split)
         self.task = self.table.task
         self.split = split
         self.n_acts = self.manifest.n_acts
         self.draws = TrainingDraws.of(self.table, split)
+        self.stream = None if stream_unit is None else split_stream(self.table, split, stream_unit)
 
     @property
     def manifest(self) -> TokenizeRecord:
         return self.table.manifest
 
+    @property
+    def by_epoch(self) -> bool:
+        """Whether the examples themselves change with the epoch (stream segments)."""
+        return self.stream is not None and self.stream.by_epoch
+
     def __len__(self) -> int:
-        return len(self.table)
+        return len(self.table) if self.stream is None else len(self.stream)
 
     def __getitem__(self, index: int) -> Example:
+        if self.stream is not None:
+            return self.stream[index]
         example = self.table[index]
         if self.draws is None:
             return example
@@ -104,16 +118,20 @@ class ExampleDataset(Dataset):
         """The epoch and run seed that per-epoch draws depend on (no-op without them)."""
         if self.draws is not None:
             self.draws.set_epoch(epoch, seed)
+        if self.stream is not None:
+            self.stream.set_epoch(epoch, seed)
 
     def lengths(self) -> np.ndarray:
-        """Per-example size used for length bucketing."""
+        """Per-example size used for length bucketing (a stream window's: its tokens)."""
+        if self.stream is not None:
+            return self.stream.token_counts()
         return self.table.lengths(*_LENGTH_COLUMNS[self.task])
 
     def token_counts(self) -> np.ndarray:
         """Per example, the tokens it brings to a batch (batches by tokens): history and
         response; history and every candidate; every sentence of a document. The stored
         examples are counted (not a training epoch's redrawn candidates)."""
-        if self.task == Task.GENERATE:
+        if self.task == Task.GENERATE or self.stream is not None:
             return self.lengths()
         column = "candidate_ids" if self.task == Task.SELECT else "sentences"
         counts = np.zeros(len(self), dtype=np.int64)
@@ -129,9 +147,14 @@ class ExampleDataset(Dataset):
         return collate(examples, self.n_acts)
 
 
-def open_split(root: str | Path, task: Task | str, split: str) -> ExampleDataset:
-    """The dataset of ``task`` examples of ``split`` in the tokenized folder ``root``."""
-    return ExampleDataset(root, task, split)
+def open_split(
+    root: str | Path, task: Task | str, split: str, stream_unit: Unit | None = None
+) -> ExampleDataset:
+    """The dataset of ``task`` examples of ``split`` in the tokenized folder ``root``.
+    ``stream_unit``: a language model's (``tokens``, ``sentences``), which reads the split
+    as the corpus's ``lm`` params say (``data.streams.split_stream``); None: the stored
+    examples."""
+    return ExampleDataset(root, task, split, stream_unit)
 
 
 # --------------------------------------------------------------------------- collate
@@ -275,12 +298,16 @@ def collate_lm(examples: Sequence[LMExample]) -> LMBatch:
     sentences, mask = _pad_nested([e.sentences for e in examples])
     flat_rows = [np.concatenate(e.sentences) if e.sentences else np.zeros(0) for e in examples]
     flat = _pad(flat_rows)
+    context = None
+    if _optional([e.context for e in examples], "context"):
+        context = torch.tensor([e.context for e in examples], dtype=torch.long)
     return LMBatch(
         sentences=sentences,
         sentence_mask=mask,
         flat_ids=flat,
         flat_mask=_mask([len(r) for r in flat_rows], flat.shape[1]),
         dialogue_id=tuple(e.dialogue_id for e in examples),
+        context_tokens=context,
     )
 
 
@@ -345,17 +372,28 @@ class BatchLoader:
         self.pin_memory = pin_memory
         self.batch_tokens = batch_tokens
         self.epoch = 0
-        self._lengths = dataset.lengths() if bucket else np.zeros(len(dataset), dtype=np.int64)
-        self._sizes = dataset.token_counts() if batch_tokens is not None else None
+        self._lengths: np.ndarray
+        self._sizes: np.ndarray | None
         self._token_plan: tuple[int, list[list[int]]] | None = None  # (epoch, its plan)
+        self._measure()
         self.set_epoch(0)
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle for ``epoch`` (every rank must pass the same value); a dataset with
-        per-epoch draws draws for (``seed``, ``epoch``) too."""
+        per-epoch draws draws for (``seed``, ``epoch``) too, and one whose examples change
+        with the epoch (stream segments) is measured again."""
         self.epoch = epoch
         if isinstance(self.dataset, ExampleDataset):
             self.dataset.set_epoch(epoch, self.seed)
+            if self.dataset.by_epoch:
+                self._measure()
+
+    def _measure(self) -> None:
+        """The dataset's lengths and sizes, as the batch plans read them."""
+        dataset = self.dataset
+        self._lengths = dataset.lengths() if self.bucket else np.zeros(len(dataset), np.int64)
+        self._sizes = dataset.token_counts() if self.batch_tokens is not None else None
+        self._token_plan = None
 
     def _plan(self) -> list[list[int]]:
         """Every rank's batches of the current epoch."""

@@ -63,11 +63,14 @@ class SelectExample(HistoryExample):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class LMExample:
-    """A document: ``sentences[i]`` = ``w.. <eos>``; ``turn`` = its first sentence's index."""
+    """A document: ``sentences[i]`` = ``w.. <eos>``; ``turn`` = its first sentence's index.
+    ``context``: a window of a stream (``data.streams``) whose first ``context`` tokens are
+    seen but not scored; None (stored documents): every token is scored."""
 
     dialogue_id: str
     turn: int
     sentences: Sequence[np.ndarray]
+    context: int | None = None
 
 
 Example = GenerateExample | SelectExample | LMExample

@@ -40,7 +40,8 @@ CI_SUFFIX = "_ci95"  # half-width of the 95% interval over seeds, beside each me
 N_EXAMPLES = Metric("n_examples", "Examples", 0)
 
 # How a streamed LM evaluation scored (``eval.language``): context and stride in the
-# model's stream unit; without them a run was scored per document.
+# window's unit (the model's, or sentences for every model); without them a run was scored
+# per document.
 LM_STREAM = {
     unit: (
         Metric(f"lm_stream_context_{unit}", f"Stream context ({unit})", 0),

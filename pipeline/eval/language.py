@@ -8,8 +8,12 @@ documents' sentence tokens (``eval.perplexity``), under one of two protocols
   each scoring its last ``stride`` units with up to ``context`` units before them, so every
   token is scored exactly once, with the text before it in its window. Its unit is the
   model's ``stream_unit``: tokens for a flat model (GPT), whole sentences for a
-  hierarchical one (HGPT, whose document GPT reads sentences). Each window is read as one
-  document, from ``<bos>`` (HGPT: its begin-of-document vector).
+  hierarchical one (HGPT, whose document GPT reads sentences); ``evaluate.lm.unit:
+  sentences`` streams every model by sentences, so flat and hierarchical models read the
+  same windows (equal context). Each window is read as one document, from ``<bos>``
+  (HGPT: its begin-of-document vector). A run's streamed validation
+  (``tokenize.corpora.<c>.lm.validation``) reads the same windows of the valid split
+  (``data.streams``).
 
 Both score the same tokens (every sentence token, ``<eos>`` included), and a streamed
 token's NLL counts for the document it belongs to, so ``per_example.jsonl`` and the paired
@@ -26,10 +30,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.config.evaluate import LMEvaluateParams, LMProtocol
+from pipeline.config.evaluate import LMProtocol
 from pipeline.data.batch import LMBatch
 from pipeline.data.loader import ExampleDataset, collate_lm
 from pipeline.data.records import LMExample
+from pipeline.data.streams import UNITS, TextStream, window_bounds
 from pipeline.eval.catalogue import LM_STREAM, N_EXAMPLES
 from pipeline.eval.collect import Collected, Evaluator, SeedResult, example_id, test_batches
 from pipeline.eval.perplexity import example_nll
@@ -72,30 +77,15 @@ def stream_windows(
     """The windows that score every token of ``documents`` (each a list of sentences)
     once, streamed as one text by ``unit`` (``tokens`` or ``sentences``): window ``k``
     scores units ``[k * stride, (k + 1) * stride)`` after up to ``context`` units before
-    them."""
-    sentences = [s for document in documents for s in document]
-    owner = np.concatenate(
-        [np.full(sum(len(s) for s in d), i, dtype=np.int64) for i, d in enumerate(documents)]
-    )
-    if unit == "tokens":
-        tokens = np.concatenate(sentences)
-        for start in range(0, len(tokens), stride):
-            begin, end = max(0, start - context), min(start + stride, len(tokens))
-            yield Window([tokens[begin:end]], owner[start:end])
-        return
-    if unit != "sentences":
+    them (``data.streams.window_bounds``, the windows streamed validation reads too)."""
+    if unit not in UNITS:
         raise ValueError(f"stream unit {unit!r}: tokens or sentences")
-    offsets = np.cumsum([0, *(len(s) for s in sentences)])
-    for start in range(0, len(sentences), stride):
-        begin, end = max(0, start - context), min(start + stride, len(sentences))
-        yield Window(sentences[begin:end], owner[offsets[start] : offsets[end]])
-
-
-def stream_window(unit: str, lm: LMEvaluateParams) -> tuple[int, int]:
-    """``(context, stride)`` of a streamed evaluation in ``unit``."""
-    if unit == "tokens":
-        return lm.context_tokens, lm.stride_tokens
-    return lm.context_sentences, lm.stride_sentences
+    stream = TextStream.of_documents(documents)
+    owner = np.repeat(np.arange(len(documents)), [sum(len(s) for s in d) for d in documents])
+    for bounds in window_bounds(stream.size(unit), context, stride):  # type: ignore[arg-type]
+        lo, hi = stream.token_span(int(bounds[1]), int(bounds[2]), unit)  # type: ignore[arg-type]
+        sentences = stream.example(bounds, unit).sentences  # type: ignore[arg-type]
+        yield Window(list(sentences), owner[lo:hi])
 
 
 @dataclass(frozen=True)
@@ -126,7 +116,8 @@ class LMEvaluator(Evaluator):
     ) -> SeedResult:
         """The ``stream`` protocol over the documents the ``document`` one would score
         (the first ``max_batches`` batches), ``batch_size`` windows a forward pass."""
-        ev, unit = self.settings, model.stream_unit
+        ev = self.settings
+        unit, context, stride = ev.lm.window(model.stream_unit)
         n = len(dataset)
         if ev.max_batches is not None:
             n = min(n, ev.max_batches * ev.batch_size)
@@ -134,7 +125,6 @@ class LMEvaluator(Evaluator):
             Collected().require(dataset)
         examples: list[LMExample] = [dataset[i] for i in range(n)]  # type: ignore[misc]
         documents = [e.sentences for e in examples]
-        context, stride = stream_window(unit, ev.lm)
         windows = list(stream_windows(documents, unit, context, stride))
         nll_sum = np.zeros(n)
         n_tokens = np.zeros(n, dtype=np.int64)

@@ -45,7 +45,8 @@ class BlockDims:
     The language models' recipe (``TransformerLMConfig``) sets the dropout of each site on
     its own, ``None`` meaning ``dropout``: ``input_dropout`` (embeddings + positions, where
     a ``stack.Stack`` adds them), ``attention_output_dropout`` (the attention branch
-    before its residual add), ``ffn_dropout`` (the FFN's inner activation and its branch);
+    before its residual add), ``ffn_dropout`` (the FFN's inner activation and its branch),
+    ``qkv_dropout`` (the query, key and value projections; 0: none, no call at all);
     ``locked``: their masks are one per sequence (``models.dropout.SiteDropout``)."""
 
     d_model: int
@@ -59,6 +60,7 @@ class BlockDims:
     input_dropout: float | None = None
     attention_output_dropout: float | None = None
     ffn_dropout: float | None = None
+    qkv_dropout: float = 0.0
 
     @property
     def attention_dropout_p(self) -> float:
@@ -150,6 +152,13 @@ class TransformerLMConfig(AttentionModelConfig):
     ffn_dropout: float | None = Field(
         None, ge=0.0, lt=1.0, description="the FFN's inner activation and its branch"
     )
+    qkv_dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="the query, key and value projections of every attention layer (theirs: "
+        "--dropouta, locked; transformer_xl.py l. 80-83); 0: none",
+    )
     output_dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="the final hidden states, before the output projection"
     )
@@ -172,6 +181,7 @@ class TransformerLMConfig(AttentionModelConfig):
             "input_dropout": self.input_dropout,
             "attention_output_dropout": self.attention_output_dropout,
             "ffn_dropout": self.ffn_dropout,
+            "qkv_dropout": self.qkv_dropout,
         }
         return super().block(**{**sites, **changes})
 
@@ -337,7 +347,9 @@ class TokenScores:
     """A language model's pass over a batch: ``nll`` ``[B, S, Ls]`` (0 at padding) and, for
     the activation regularisers, the final hidden states ``hidden`` ``[..., L, d]`` (before
     any output dropout) with ``hidden_mask`` ``[..., L]``, True where a position predicts a
-    real token; consecutive positions of a row are consecutive in time."""
+    scored token (``LMBatch.scored_mask``: a stream window's context is not regularised, as
+    the Transformer-XL PTB code regularises its target positions only); consecutive
+    positions of a row are consecutive in time."""
 
     nll: Tensor
     hidden: Tensor | None = None
@@ -369,11 +381,14 @@ class LanguageModel(nn.Module):
         return TokenScores(self.token_nll(batch))
 
     def loss(self, batch: LMBatch) -> LossOutput:
-        """Mean token NLL; in training plus AR and TAR where the config sets them (logged
-        as ``terms`` ``ar``/``tar``, never part of ``nll_sum``)."""
+        """Mean NLL of the scored tokens (every real token; in a stream window those after
+        its context: ``LMBatch.scored_mask``); in training plus AR and TAR where the config
+        sets them (logged as ``terms`` ``ar``/``tar``, never part of ``nll_sum``), over
+        the hidden states of scored positions."""
         scores = self.score_tokens(batch)
-        n = batch.sentence_mask.sum()
-        total = (scores.nll * batch.sentence_mask).sum()
+        scored = batch.scored_mask()
+        n = scored.sum()
+        total = (scores.nll * scored).sum()
         loss = total / n.clamp(min=1)
         terms: dict[str, Tensor] = {}
         if self.training and isinstance(self.config, TransformerLMConfig):

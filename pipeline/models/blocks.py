@@ -41,6 +41,7 @@ class EncoderLayer(nn.Module):
             dims.d_head,
             dropout=dims.attention_dropout_p,
             congruent=dims.congruent,
+            qkv_dropout=SiteDropout(dims.qkv_dropout, dims.locked) if dims.qkv_dropout else None,
         )
         self.ffn = FeedForward(dims.d_model, dims.d_ff, dims.ffn_p, locked=dims.locked)
         self.norm_attn = nn.LayerNorm(dims.d_model)

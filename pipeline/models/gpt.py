@@ -72,6 +72,7 @@ class GPT(LanguageModel):
         """``token_nll`` and the last layer's output at each input position (which predicts
         the flat token at the same index)."""
         static = static_shapes(batch.flat_ids)
+        scored = batch.scored_flat_mask()
         if static:  # padded shapes and no check that reads the data: nothing leaves the device
             targets, mask = batch.flat_ids, batch.flat_mask
         else:
@@ -82,14 +83,15 @@ class GPT(LanguageModel):
                 hidden = nll.new_zeros(len(nll), 0, self.config.d_model)
                 return TokenScores(nll, hidden, batch.flat_mask[:, :0])
             targets, mask = batch.flat_ids[:, :length], batch.flat_mask[:, :length]
+            scored = scored[:, :length]
         bos = targets.new_full((targets.shape[0], 1), BOS_ID)
         inputs = torch.cat([bos, targets[:, :-1]], dim=1)
         hidden = self.stack(self.embed(inputs, self.embed.step_table()))
         nll = masked_token_nll(self.output(self.output_dropout(hidden)), targets, mask)
         if static:
-            return TokenScores(flat_to_sentences(nll, batch.sentence_mask), hidden, mask)
+            return TokenScores(flat_to_sentences(nll, batch.sentence_mask), hidden, scored)
         # The flat real tokens are the sentence tokens in the same (row-major) order.
-        return TokenScores(scatter_rows(batch.sentence_mask, nll[mask]), hidden, mask)
+        return TokenScores(scatter_rows(batch.sentence_mask, nll[mask]), hidden, scored)
 
     @staticmethod
     def _check_layouts(batch: LMBatch) -> None:

@@ -209,6 +209,7 @@ class HierarchicalGPT(LanguageModel):
         n_sent = extent(present)
         ids = batch.sentences[:, :n_sent, :length]
         mask = batch.sentence_mask[:, :n_sent, :length]
+        scored = batch.scored_mask()[:, :n_sent, :length]
         present = present[:, :n_sent]
         # Only real sentences go through the sentence-level blocks.
         sent_ids, sent_mask = ids[present], mask[present]
@@ -222,7 +223,7 @@ class HierarchicalGPT(LanguageModel):
         out = scatter_rows(present, nll)
         full = batch.sentence_mask.shape
         out = nn.functional.pad(out, (0, full[2] - length, 0, full[1] - n_sent))
-        return TokenScores(out, hidden, sent_mask)
+        return TokenScores(out, hidden, scored[present])
 
     def _score_padded(self, batch: LMBatch) -> TokenScores:
         """``score_tokens`` on the padded batch as it is (``stack.static_shapes``): every
@@ -241,4 +242,5 @@ class HierarchicalGPT(LanguageModel):
             document = (encoded * present).view(b, n_sent, -1)
             predicted = self.predict_sentences(document).reshape(b * n_sent, -1)
         nll, hidden = self.decode_sentences(predicted, ids, mask, table)
-        return TokenScores(nll.view(b, n_sent, length), hidden, mask)
+        scored = batch.scored_mask().reshape(b * n_sent, length)
+        return TokenScores(nll.view(b, n_sent, length), hidden, scored)

@@ -134,7 +134,9 @@ class MultiHeadAttention(nn.Module):
     is given), ``d_kv`` the width of keys/values' input (U-Net queries come from the
     convolved sequence, keys/values from the layer input). ``d_head`` defaults to
     ``d_query // n_heads`` but need not divide it. ``congruent=True`` shares one projection
-    for queries and keys (W_q = W_k, Hierarchical GPT paper).
+    for queries and keys (W_q = W_k, Hierarchical GPT paper). ``qkv_dropout`` (a language
+    model's recipe): dropout on the three projections' outputs, each its own draw (one mask
+    over their concatenation, as the Transformer-XL PTB code's ``qkv_net`` has it, in law).
     """
 
     def __init__(
@@ -147,8 +149,10 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         congruent: bool = False,
         bias: bool = True,
+        qkv_dropout: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        self.qkv_dropout = qkv_dropout
         d_kv = d_query if d_kv is None else d_kv
         d_out = d_query if d_out is None else d_out
         if d_head is None:
@@ -168,6 +172,9 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = self.q_proj if congruent else xavier_(nn.Linear(d_kv, inner, bias=bias))
         self.v_proj = xavier_(nn.Linear(d_kv, inner, bias=bias))
         self.out_proj = xavier_(nn.Linear(inner, d_out, bias=bias), gain=OUTPUT_GAIN)
+
+    def _drop(self, projected: Tensor) -> Tensor:
+        return projected if self.qkv_dropout is None else self.qkv_dropout(projected)
 
     def _heads(self, x: Tensor) -> Tensor:
         b, length, _ = x.shape
@@ -191,11 +198,12 @@ class MultiHeadAttention(nn.Module):
         if groups is not None:
             return self._grouped(query, groups)
         kv_input = query if key_value is None else key_value
-        q = self._heads(self.q_proj(query))
+        q = self._heads(self._drop(self.q_proj(query)))
         if cache is not None and cache.static and cache.k is not None:
             k, v = cache.k, cache.v
         else:
-            k, v = self._heads(self.k_proj(kv_input)), self._heads(self.v_proj(kv_input))
+            k = self._heads(self._drop(self.k_proj(kv_input)))
+            v = self._heads(self._drop(self.v_proj(kv_input)))
             if cache is not None:
                 if not cache.static and cache.k is not None:
                     k = torch.cat([cache.k, k], dim=2)
@@ -220,6 +228,7 @@ class MultiHeadAttention(nn.Module):
             torch.cat([proj.weight for proj in projections]),
             None if biases[0] is None else torch.cat(biases),  # type: ignore[arg-type]
         )
+        qkv = self._drop(qkv)
         p = self.dropout if self.training else 0.0
         whole = len(blocks) == 1 and blocks[0].queries is None
         out = None if whole else qkv.new_zeros(qkv.shape[0], inner)

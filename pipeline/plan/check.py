@@ -114,6 +114,25 @@ def check_params(params: Params) -> None:
     _check_compile(params)
     _check_download_skip(params)
     _check_word_vectors(params)
+    _check_lm_validation(params)
+
+
+def _check_lm_validation(params: Params) -> None:
+    """A corpus's language models keep the weights of the validation scored as their test
+    is: ``tokenize.corpora.<c>.lm.validation`` equals the corpus's ``evaluate`` LM protocol
+    (selection and the reported number on one protocol; a YAML anchor keeps them one)."""
+    for name, corpus in params.tokenize.corpora.items():
+        if Task.LM not in corpus.tasks:
+            continue
+        test = params.evaluate.for_corpus(name).lm
+        if corpus.lm.validation != test:
+            raise ConfigError(
+                f"tokenize.corpora.{name}.lm.validation",
+                f"{corpus.lm.validation.model_dump(mode='json')} is not the protocol {name}'s "
+                f"language models are tested with ({test.model_dump(mode='json')}, "
+                f"evaluate.corpora.{name}.lm or evaluate.lm): their weights would be chosen "
+                "on another protocol than the one reported; give both the same settings",
+            )
 
 
 def _check_word_vectors(params: Params) -> None:

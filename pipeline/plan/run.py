@@ -51,6 +51,7 @@ from pipeline.config import (
     tuned_knobs,
 )
 from pipeline.data.resample import draws_key
+from pipeline.data.streams import stream_key
 from pipeline.errors import ConfigError
 from pipeline.models import registry
 from pipeline.models.base import ModelConfig
@@ -315,7 +316,7 @@ def _plan(
         tracking=request.tracking,
         root=layout.root,
         storage=storage_path(request.placement, layout.root),
-        data=record.fingerprint() + draws_key(record),
+        data=record.fingerprint() + draws_key(record) + stream_key(record),
         code=code_fingerprint(layout.root, stage_code(stage)),
         word_vectors=vectors,
         vectors_bytes=vectors.stat().st_size if vectors is not None else None,

@@ -17,6 +17,7 @@ from pipeline.config import RunParams, Selection
 from pipeline.data.batch import Batch
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.splits import Split
+from pipeline.data.streams import Unit
 from pipeline.errors import ConfigError
 from pipeline.eval.validation_score import MultiWozValidationScore
 from pipeline.models import registry
@@ -89,7 +90,10 @@ class ShardData:
     ``batch_size`` is global (examples per optimizer step over all ranks); each rank takes
     ``batch_size // world_size`` (the params check requires that it divides). With
     ``batch_tokens`` (global too) the training batches are planned by tokens instead, each
-    rank's batch within ``batch_tokens // world_size`` padded tokens.
+    rank's batch within ``batch_tokens // world_size`` padded tokens. ``stream_unit``: a
+    language model's, which reads its splits as the corpus's ``lm`` params say (stream
+    segments, streamed validation: ``data.streams``); a batch is then ``batch_size``
+    windows.
     """
 
     root: str
@@ -98,6 +102,7 @@ class ShardData:
     eval_batch_size: int
     seed: int
     batch_tokens: int | None = None
+    stream_unit: Unit | None = None
 
     def __call__(self, rank: int, world_size: int) -> tuple[ShardBatches, ShardBatches]:
         if self.batch_size % world_size:
@@ -108,7 +113,7 @@ class ShardData:
             if tokens < 1:
                 raise ValueError(f"batch_tokens {self.batch_tokens} is < {world_size} workers")
         train = BatchLoader(
-            open_split(self.root, self.task, Split.TRAIN),
+            open_split(self.root, self.task, Split.TRAIN, self.stream_unit),
             self.batch_size // world_size,
             seed=self.seed,
             rank=rank,
@@ -122,7 +127,7 @@ class ShardData:
         in file order grouped by length."""
         return ShardBatches(
             BatchLoader(
-                open_split(self.root, self.task, Split.VALID),
+                open_split(self.root, self.task, Split.VALID, self.stream_unit),
                 max(1, batch_size // world_size),
                 shuffle=False,
                 seed=self.seed,
@@ -135,6 +140,7 @@ class ShardData:
 def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
     """The plan's data factory (``knobs``: a trial's, when they differ from the plan's)."""
     knobs = knobs or plan.knobs
+    builder = registry.spec(plan.model).builder
     return ShardData(
         root=str(plan.shards),
         task=plan.task,
@@ -142,6 +148,7 @@ def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
         eval_batch_size=knobs.validation_batch_size,
         seed=knobs.seed,
         batch_tokens=knobs.batch_tokens,
+        stream_unit=getattr(builder, "stream_unit", None) if plan.task is Task.LM else None,
     )
 
 

@@ -143,6 +143,20 @@ def test_streamed_sentences_carry_the_previous_sentences_of_the_window() -> None
     assert not set(STREAM_KEYS["tokens"]) & metrics.keys()
 
 
+def test_unit_sentences_gives_a_flat_model_the_hierarchical_windows() -> None:
+    """``evaluate.lm.unit: sentences``: GPT reads exactly the windows HGPT reads (equal
+    context), and the metrics say so."""
+    lm = {"protocol": "stream", "context_sentences": 1, "stride_sentences": 2}
+    flat, hierarchical = ContextLM(), ContextLM("sentences")
+    metrics, got = evaluate(flat, DOCS, batch_size=1, unit="sentences", **lm)
+    _, reference = evaluate(hierarchical, DOCS, batch_size=1, **lm)
+    assert flat.seen == hierarchical.seen and got.nll_sum == reference.nll_sum
+    assert set(STREAM_KEYS["sentences"]) <= metrics.keys()
+    assert not set(STREAM_KEYS["tokens"]) & metrics.keys()
+    _, by_tokens = evaluate(ContextLM(), DOCS, batch_size=1, **lm)  # unit: model
+    assert by_tokens.nll_sum != got.nll_sum
+
+
 def test_per_document_protocol_is_today_s() -> None:
     model = ContextLM()
     metrics, got = evaluate(model, DOCS)

@@ -341,3 +341,70 @@ def test_overfits_a_small_real_ptb_batch(name: str) -> None:
     assert out.loss.item() < first / 2
     # Every parameter took part in the loss.
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+# --------------------------------------------------------------------------- stream windows
+
+
+def with_context(documents: list[list[list[int]]], context: list[int]):
+    """The documents as stream windows whose first ``context[b]`` tokens are context."""
+    batch = lm_batch_from_sentences(documents)
+    return dataclasses.replace(batch, context_tokens=torch.tensor(context))
+
+
+def test_a_stream_window_scores_its_targets_after_its_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docs = random_documents(seed=6)
+    batch, windows = lm_batch_from_sentences(docs), with_context(docs, [3, 0, 5])
+    model = small()
+    nll = model.token_nll(batch)  # the same model input: the context is read
+    assert torch.equal(model.token_nll(windows), nll)
+    scored = windows.scored_mask()
+    flat = [[t for s in d for t in s] for d in docs]
+    assert scored.sum(-1).sum(-1).tolist() == [
+        len(f) - c for f, c in zip(flat, [3, 0, 5], strict=True)
+    ]
+    out = model.loss(windows)
+    assert out.n_tokens == scored.sum() and torch.equal(out.nll_sum, (nll * scored).sum())
+    # the scored tokens of each row are its last ones, flat and in sentences alike
+    flat_scored = windows.scored_flat_mask()
+    assert torch.equal(windows.flat_ids[flat_scored], windows.sentences[scored])
+    # the static path (compile, CUDA) masks the same tokens
+    trimmed = model.loss(windows)
+    monkeypatch.setattr(gpt_module, "static_shapes", lambda like: True)
+    static = model.loss(windows)
+    torch.testing.assert_close(static.nll_sum, trimmed.nll_sum)
+    assert torch.equal(static.n_tokens, trimmed.n_tokens)
+
+
+def test_ar_tar_regularise_the_scored_positions_of_a_window_only() -> None:
+    docs = random_documents(seed=7, n_docs=1)
+    context = 4
+    model = small(ar_alpha=0.2, tar_beta=0.1).train()
+    out = model.loss(with_context(docs, [context]))
+    flat = [t for s in docs[0] for t in s]
+    h = model.stack(model.embed(torch.tensor([[BOS_ID, *flat[:-1]]])))[0][context:]
+    torch.testing.assert_close(out.terms["ar"], 0.2 * h.pow(2).mean())
+    torch.testing.assert_close(out.terms["tar"], 0.1 * (h[1:] - h[:-1]).pow(2).mean())
+
+
+def test_qkv_dropout_is_off_by_default_and_locked_per_sequence_when_on() -> None:
+    assert registry.make_config("gpt", VOCAB).qkv_dropout == 0.0
+    assert all(layer.attn.qkv_dropout is None for layer in small().stack.layers)
+    model = small(locked_dropout=True, qkv_dropout=0.4)
+    attn = model.stack.layers[0].attn
+    assert (attn.qkv_dropout.p, attn.qkv_dropout.locked) == (0.4, True)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    attn.qkv_dropout.register_forward_hook(lambda m, i, o: seen.append((i[0], o)))
+    batch = lm_batch_from_sentences(random_documents(seed=8))
+    model.train().loss(batch)
+    assert len(seen) == 3  # queries, keys, values: each its own draw
+    for inputs, output in seen:
+        ratio = (output / inputs).detach()  # one value per (sequence, feature)
+        torch.testing.assert_close(ratio.amin(1), ratio.amax(1))
+        values = ratio.unique()
+        assert values[0] == 0 and torch.allclose(values[1:], torch.tensor(1 / 0.6))
+    plain = small()
+    assert torch.equal(model.eval().token_nll(batch), plain.token_nll(batch))
+    assert not torch.equal(model.train().token_nll(batch), plain.token_nll(batch))

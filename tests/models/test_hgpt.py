@@ -346,3 +346,34 @@ def test_padded_static_path_equals_the_trimmed_one(
 @pytest.mark.slow
 def test_loss_compiles_in_one_graph_and_matches_eager() -> None:
     assert_compiles_like_eager(small(**RECIPE), lm_batch_from_sentences(DOCS))
+
+
+def test_a_window_of_sentences_scores_the_sentences_after_its_context(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream window (``data.streams``): its first sentences are read (the document GPT
+    sees them) but not scored, and AR/TAR leave their decoder states alone."""
+    model = small(ar_alpha=0.2, tar_beta=0.1).train()
+    batch = lm_batch_from_sentences(DOCS)
+    context = [8, 0, 3]  # whole sentences: the first two, none, the first one
+    windows = dataclasses.replace(batch, context_tokens=torch.tensor(context))
+    outputs: list[torch.Tensor] = []
+    model.decoder.register_forward_hook(lambda m, inputs, out: outputs.append(out))
+    torch.manual_seed(1)
+    out = model.loss(windows)
+    nll = model.eval().token_nll(batch)
+    scored = windows.scored_mask()
+    sentences = [s for doc in DOCS for s in doc]
+    kept = [(b, s) for b, doc in enumerate(DOCS) for s in range(len(doc))]
+    first = {0: 2, 1: 0, 2: 1}  # each row's first scored sentence
+    is_scored = [s >= first[b] for b, s in kept]
+    assert [bool(scored[b, s].any()) for b, s in kept] == is_scored
+    assert out.n_tokens == sum(len(x) for x, on in zip(sentences, is_scored, strict=True) if on)
+    torch.testing.assert_close(model.eval().loss(windows).nll_sum, (nll * scored).sum())
+    hidden = outputs[0]  # [real sentences, length, d]: the scored ones regularised
+    squares = sum(hidden[i, : len(x)].pow(2).sum() for i, x in enumerate(sentences) if is_scored[i])
+    tokens = sum(len(x) for x, on in zip(sentences, is_scored, strict=True) if on)
+    torch.testing.assert_close(out.terms["ar"], 0.2 * squares / (tokens * hidden.shape[-1]))
+    monkeypatch.setattr(hgpt_module, "static_shapes", lambda like: True)
+    static = model.eval().loss(windows)
+    torch.testing.assert_close(static.nll_sum, (nll * scored).sum(), atol=1e-4, rtol=1e-5)

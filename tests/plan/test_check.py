@@ -264,3 +264,17 @@ def test_a_variant_selected_on_the_multiwoz_score_names_its_own_key(tiny: dict) 
     err = _error(raw)
     assert err.key == "train.runs.gpt-chitchat-l1.5.overrides.select_by"
     assert "run gpt-chitchat-l1.5 is a lm model" in err.reason
+
+
+def test_a_corpus_s_lm_validation_is_its_lm_test_protocol(tiny: dict) -> None:
+    """The weights an LM keeps are chosen on the protocol its test is reported on:
+    ``tokenize.corpora.<c>.lm.validation`` must equal the corpus's evaluate protocol."""
+    raw = copy.deepcopy(tiny)
+    corpus = next(name for name, c in raw["tokenize"]["corpora"].items() if "lm" in c["tasks"])
+    stream = {"protocol": "stream", "context_tokens": 20}
+    raw["evaluate"].setdefault("corpora", {})[corpus] = {"lm": stream}
+    err = _error(raw)
+    assert err.key == f"tokenize.corpora.{corpus}.lm.validation"
+    assert "give both the same settings" in err.reason
+    raw["tokenize"]["corpora"][corpus].setdefault("lm", {})["validation"] = stream
+    checked(raw)
