@@ -52,7 +52,7 @@ PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORK
 # tests/timing.py does not declare fails the run. On CI ($$CI set) a skip is a failure.
 test: setup  ## the layers' import contracts, then the whole test suite (slow tests included)
 	$(IN_VENV) PYTHONPATH=. $(BIN)/lint-imports
-	$(PYTEST) --time-report --time-limit 60
+	$(PYTEST) -rs --time-report --time-limit 60
 
 test-fast: setup  ## the inner loop: the tests not marked slow, in parallel (CI runs `make test`)
 	$(PYTEST) -m "not slow"

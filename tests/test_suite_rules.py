@@ -35,6 +35,10 @@ def test_quick(shared):
 def test_skips():
     pytest.skip("no widget here")
 
+@pytest.mark.skip_on_ci_allowed("CI has no widget license")
+def test_skips_where_allowed():
+    pytest.skip("no widget license")
+
 def test_over_the_limit():
     time.sleep(1.1)
 
@@ -64,7 +68,8 @@ def rules(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
     """The small suite under ``make test``'s options, on CI, in a pytest of its own."""
     pytester.makepyfile(test_rules=SUITE)
     pytester.makeconftest(CONFTEST)
-    pytester.makeini("[pytest]\nmarkers = slow: as the project's\n")
+    markers = "\n    slow: as the project's\n    skip_on_ci_allowed: as the project's\n"
+    pytester.makeini(f"[pytest]\nmarkers ={markers}")
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     monkeypatch.setenv("PYTHONPATH", pythonpath)
     monkeypatch.setenv("CI", "true")
@@ -81,7 +86,7 @@ def test_make_tests_rules_hold_on_a_small_suite(rules: pytest.RunResult) -> None
     assert rules.ret == pytest.ExitCode.TESTS_FAILED, out
     # the skip: failed, its reason given
     assert "skipped, which CI (CI=true) does not allow: Skipped: no widget here" in out
-    rules.assert_outcomes(passed=4, failed=1)
+    rules.assert_outcomes(passed=4, failed=1, skipped=1)  # the declared skip stays a skip
     # the time limit: the undeclared slow test named with its phases, the declared one not
     over = out.split("not in tests/timing.py's OVER_A_MINUTE", 1)[1]
     assert re.search(r"test_rules.py::test_over_the_limit: 1\.\d s \(setup", over), out
@@ -95,7 +100,7 @@ def test_make_tests_rules_hold_on_a_small_suite(rules: pytest.RunResult) -> None
     for name in ("test_quick", "test_skips", "test_over_the_limit", "test_declared"):
         name += "@heavy" if name == "test_declared" else ""
         assert re.search(rf"\d+\.\d\d s  test_rules.py::{name}\b", times), name
-    assert re.search(r"\d+\.\d s +5 tests  test_rules.py\n", times), out
+    assert re.search(r"\d+\.\d s +6 tests  test_rules.py\n", times), out
     # the worker ended through execnet, not os._exit: no crashed or replaced worker
     assert "crashed" not in out and "replacing" not in out
 

@@ -28,6 +28,11 @@ import pytest
 # xdist starts them in. Every one is marked ``slow`` (checked at collection). A shared
 # fixture is named "<file>::<fixture>".
 OVER_A_MINUTE: dict[str, str] = {
+    "tests/bench/test_gpu_check.py::test_smoke_run_on_a_bare_machine": (
+        "python -m bench.gpu_check --device cpu --smoke on a simulated bare machine (torch, "
+        "numpy, pydantic and transformers only): every part's code path at toy sizes, the "
+        "loop's step compiled by Inductor from a cold cache, as the GPU kit runs it"
+    ),
     "tests/infra/test_cluster_repro.py::test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run": (  # noqa: E501
         "make repro JOBS=2 on a three-node local Ray cluster: trainings overlap up to the "
         "slots, every seed's weights equal a serial run's (its module fixture), no MLflow "
@@ -42,6 +47,15 @@ OVER_A_MINUTE: dict[str, str] = {
         "a worker node's raylet killed mid-training: the run resumes from its checkpoint "
         "on the other node and ends with the serial run's weights"
     ),
+    "tests/infra/test_gpu_placement.py::test_jobs_4_on_8_gpus_gives_every_training_its_own_gpu_share": (  # noqa: E501
+        "the real pipeline.repro --jobs 4 on 8 logical GPUs: one Ray instance for the run, "
+        "whole-GPU trainings on distinct GPUs, quarter-GPU ones packed on one, an "
+        "in-process training leasing its own"
+    ),
+    "tests/infra/test_slurm.py::test_sbatch_starts_a_head_and_a_worker_and_runs_the_command_on_them": (  # noqa: E501
+        "infra/slurm/hiertx.sbatch with stand-ins for srun and scontrol starts a real "
+        "2-node Ray cluster and runs a driver that joins it with the job's token"
+    ),
     "tests/test_custom_profile.py::test_custom_profile_from_a_fresh_clone": (
         "profiles/custom.yaml from a fresh clone: a chat_jsonl corpus of the user's declared, "
         "downloaded, tokenized; four models trained and evaluated; the report's own tables; "
@@ -55,13 +69,6 @@ OVER_A_MINUTE: dict[str, str] = {
     "tests/infra/test_fractional_gpus.py::test_gpus_per_worker_packs_n_trainings_onto_one_gpu": (
         "gpus_per_worker 1/N on a Ray instance with one GPU: N Ray Train runs share it at "
         "once, the (N+1)-th waits for one of them"
-    ),
-    "tests/infra/test_join_cluster.py::test_a_train_stage_joins_the_ray_instance_running_here": (
-        "on a node where `ray start --head` runs (a private network namespace), a train "
-        "stage's training runs on that cluster, not on a private one"
-    ),
-    "tests/infra/test_local_cluster.py::test_two_node_cluster_places_one_worker_per_node": (
-        "infra/local_cluster.sh's two-node Ray cluster runs a DDP TorchTrainer across both nodes"
     ),
     "tests/train/test_mlflow_server.py::test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run": (  # noqa: E501
         "an MLflow server killed mid-run: the run goes on in the local store, and "

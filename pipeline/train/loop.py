@@ -5,10 +5,9 @@ collectives, checkpoint hand-off): ``context.LocalContext`` in-process,
 ``distributed.RayContext`` and ``search.TuneContext`` under Ray Train / Ray Tune. Order of
 one optimizer step:
 forward (bf16 autocast on GPU) -> backward -> clip -> step -> schedule; then, when due,
-evaluate (loss and perplexity summed over every rank's slice of the validation split, and
-a :class:`ValidationScore` when the job has one), checkpoint, and stop early when the
-selection metric (``RunParams.select_by``: the validation loss, or that score) has not
-improved for ``patience`` evaluations; the weights kept are those of its best evaluation.
+evaluate (summed over every rank's slice of the valid split, and a ``ValidationScore``),
+checkpoint, and stop early when the selection metric (``RunParams.select_by``) has not
+improved for ``patience`` evaluations; the weights kept are its best evaluation's.
 How the run uses its device is its ``execution.ExecutionPolicy`` (autocast, compile,
 static shapes, batches to the device, fused optimizer, evaluation batch sizing, the
 sync-debug mode), built once here; the loop never asks which device it runs on. Nothing in
@@ -25,26 +24,20 @@ epochs the loop averages the weights after every step, at ``lr_factor`` times th
 learning rate the schedule had reached (which then stops); validation, selection and the
 export read the average, and a checkpoint holds it.
 
-Progress (rank 0, ``TrainJob.show_progress``): a bar over the run's steps on a terminal,
-a line every ``progress.REPORT_EVERY_S`` seconds and one per validation in a log
-(``pipeline.progress``). Its train loss is the one read back at ``log_every`` for the
-metrics, so progress adds no host sync to a step.
+Progress (rank 0, ``TrainJob.show_progress``; ``pipeline.progress``) shows the train loss
+read back at ``log_every`` for the metrics, so it adds no host sync to a step.
 
 Determinism: worker ``r`` seeds ``seed + r``; a checkpoint holds every rank's RNG state and
 the number of batches of the epoch already consumed, so a run resumed from any checkpoint
 makes exactly the updates the uninterrupted run made.
 
 Divergence stops the run: a non-finite training loss (seen where the loop reads the
-device anyway: at each logged step, evaluation and checkpoint, on every rank), a
-non-finite validation loss, or non-finite weights in a checkpoint raise
-``TrainingDiverged`` naming the run, the step and the knobs to look at. No checkpoint of
-non-finite weights is written and no model is exported, so a rerun with other knobs starts
-from the last good state only if its identity is the same (it is not: the knobs changed).
+device anyway), validation loss or checkpointed weight raises ``TrainingDiverged`` naming
+the run, the step and the knobs to look at; nothing non-finite is checkpointed or exported.
 
 Gradient averaging is token-weighted: each rank's loss is scaled by its share of the
 global token count before DDP averages gradients, so N workers with B examples each take
-the same step as one worker with the N*B examples (a plain average of per-rank means would
-over-weight ranks with fewer tokens).
+the same step as one worker with the N*B examples.
 """
 
 from __future__ import annotations
@@ -95,13 +88,10 @@ class TrainJob:
     and errors (default ``train <name>``); ``show_progress: False`` prints none.
     ``validation_score`` is evaluated with the loss when ``params.select_by`` reads it.
     ``restart`` is the command that starts the run over (said when no checkpoint reads).
-    ``sync_debug`` (``"warn"``, ``"error"``; CUDA only) is the
-    ``torch.cuda.set_sync_debug_mode`` around the part of every step that must not wait
-    for the device, from a process's second step on (the first compiles and allocates).
-    ``compile_backend``: ``torch.compile``'s, when the step is compiled (tests and CPU
-    smoke checks take the cheaper ``aot_eager``). Both go into the run's
-    ``ExecutionPolicy``. ``knob_sources``: the params key that sets each knob
-    (``RunPlan.sources``), named by the checks before the first step.
+    ``sync_debug`` (``"warn"``, ``"error"``; CUDA only: ``set_sync_debug_mode`` around each
+    step from a process's second on) and ``compile_backend`` (tests and CPU smoke checks
+    take ``aot_eager``) go into the run's ``ExecutionPolicy``. ``knob_sources``: the
+    params key that sets each knob (``RunPlan.sources``), named by the checks.
     """
 
     name: str

@@ -253,11 +253,10 @@ def test_batches_by_tokens_over_real_shards(chitchat: Path) -> None:
         batches = list(loaders[0])
         assert len(batches) == len(loaders[0])
         for batch, indices in zip(batches, loaders[0].batches(), strict=True):
-            padded = -(-counts[indices] // 8) * 8
+            # the budget holds the examples' own sizes; a compiled step's static shapes
+            # (execution.Padding) pad after the loader (tests/execution)
             assert batch.batch_size == len(indices)
-            assert len(indices) * padded.max() <= budget or len(indices) == 1
-            ids = batch.flat_ids if task == Task.LM else batch.history.input_ids
-            assert ids.shape[1] % 8 == 0
+            assert len(indices) * counts[indices].max() <= budget or len(indices) == 1
 
 
 def test_vocab_must_match_the_manifest(chitchat: Path, tmp_path: Path) -> None:

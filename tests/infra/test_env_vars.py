@@ -1,7 +1,9 @@
 """Every environment variable ``infra/`` sets or documents is one something reads: ours
 (``HIERTX_*``) by the project's code or scripts, Ray's and MLflow's by the installed Ray and
 MLflow. A launcher exporting ``HIERTX_STORAGE`` while the code reads ``HIERTX_STORAGE_PATH``
-(checkpoints silently on the head's local disk) fails here."""
+(checkpoints silently on the head's local disk) fails here. A variable a launcher substitutes
+itself (``$HIERTX_PROFILE`` in the RayJob's entrypoint, ``${MLFLOW_ALLOWED_HOSTS}`` in
+Docker Compose) is read by that launcher."""
 
 from __future__ import annotations
 
@@ -43,10 +45,20 @@ def _ours() -> str:
     return "\n".join(p.read_text() for f in OURS for p in _files(REPO / f, (".py", ".sh")))
 
 
+@cache
+def _substituted() -> str:
+    """What ``infra/`` substitutes itself: ``$NAME`` or ``${NAME...}`` in a launcher's
+    shell line (a RayJob's entrypoint) or in Docker Compose's interpolation."""
+    return "\n".join(p.read_text() for p in _files(INFRA, TEXT))
+
+
 def reader(name: str) -> str | None:
-    """Who reads ``name``: our code, Ray or MLflow (None: nobody)."""
+    """Who reads ``name``: our code, a launcher's own substitution, Ray or MLflow (None:
+    nobody)."""
     if re.search(rf"\b{name}\b", _ours()) and name.startswith("HIERTX_"):
         return "hiertx"
+    if re.search(rf"\$\{{?{name}\b", _substituted()):
+        return "infra"
     if name.startswith("RAY_") and name in _sources(Path(ray.__file__).parent):
         return "ray"
     if name.startswith("MLFLOW_") and name in _sources(Path(mlflow.__file__).parent):

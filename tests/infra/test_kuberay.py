@@ -73,6 +73,10 @@ def strict(schema: Any) -> Any:
 
 
 @pytest.mark.slow  # ~25 s: the CRDs embed the whole PodSpec schema
+@pytest.mark.skip_on_ci_allowed(
+    "KubeRay publishes its CRDs only on GitHub (no PyPI or Debian package; CI reaches neither),"
+    " and the project commits no copy of them: they are checked where mirrored"
+)
 @pytest.mark.parametrize("name", MANIFESTS)
 def test_manifests_match_kuberay_crd_schema(name: str) -> None:
     folder = crd_folder()
