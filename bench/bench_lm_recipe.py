@@ -267,8 +267,8 @@ def _done(spec: RunSpec, summary: dict[str, Any]) -> None:
 
 
 @dataclass(frozen=True)
-class Finished:
-    """A run, finished or still training (``summary`` None: its curve so far): its
+class RunCurve:
+    """A run, finished or not (``summary`` None: training, or stopped; its curve so far): its
     validation perplexity after each epoch and its training perplexity (the logged
     windows' NLL, dropout on) over each epoch."""
 
@@ -294,10 +294,10 @@ class Finished:
     def epochs(self) -> str:
         """Epochs run: all of them, or how far an unfinished run got."""
         done = max(self.curve, default=0)
-        return str(done) if self.summary is not None else f"{done}, still training"
+        return str(done) if self.summary is not None else f"{done}, unfinished"
 
 
-def read_runs(work: Path) -> list[Finished]:
+def read_runs(work: Path) -> list[RunCurve]:
     """Every run under ``work/runs`` with at least one validation."""
     out = []
     for curve_path in sorted((work / "runs").glob("*.jsonl")):
@@ -319,11 +319,11 @@ def read_runs(work: Path) -> list[Finished]:
                 if epoch is not None:
                     train.setdefault(epoch, []).append(x["train_nll"])
         mean_train = {e: math.exp(statistics.mean(v)) for e, v in train.items()}
-        out.append(Finished(arm, layout, int(seed[1:]), seconds, curve, mean_train, summary))
+        out.append(RunCurve(arm, layout, int(seed[1:]), seconds, curve, mean_train, summary))
     return sorted(out, key=lambda r: (LAYOUTS.index(r.layout), ARMS.index(r.arm), r.seed))
 
 
-def summary_rows(runs: list[Finished]) -> list[list[object]]:
+def summary_rows(runs: list[RunCurve]) -> list[list[object]]:
     """A row per run: epochs run, best validation (epoch), the last epoch's validation and
     training perplexity, minutes; then per arm and layout with several seeds, the mean of
     the best +- 95% and the seeds' spread."""
@@ -334,7 +334,7 @@ def summary_rows(runs: list[Finished]) -> list[list[object]]:
         train = f"{r.train[last]:.1f}" if last in r.train else ""
         rows.append([f"{r.group}, seed {r.seed}", r.epochs, f"{best:.1f}", epoch,
                      f"{r.curve[last]:.1f}", train, f"{r.seconds / 60:.0f}"])  # fmt: skip
-    groups: dict[str, list[Finished]] = {}
+    groups: dict[str, list[RunCurve]] = {}
     for r in runs:
         groups.setdefault(r.group, []).append(r)
     for group, members in groups.items():
@@ -348,7 +348,7 @@ def summary_rows(runs: list[Finished]) -> list[list[object]]:
     return rows
 
 
-def curve_rows(runs: list[Finished]) -> tuple[list[str], list[list[object]]]:
+def curve_rows(runs: list[RunCurve]) -> tuple[list[str], list[list[object]]]:
     """Validation perplexity per epoch (rows) and run (columns)."""
     epochs = sorted({e for r in runs for e in r.curve})
     headers = ["epoch", *(f"{r.arm} {r.layout} s{r.seed}" for r in runs)]
@@ -356,7 +356,7 @@ def curve_rows(runs: list[Finished]) -> tuple[list[str], list[list[object]]]:
     return headers, rows
 
 
-def plot(runs: list[Finished], path: Path) -> None:
+def plot(runs: list[RunCurve], path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

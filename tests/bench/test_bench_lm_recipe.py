@@ -61,7 +61,7 @@ def test_arms_and_layouts_train_through_the_project_loop_and_the_report_is_writt
     summaries = {path.stat().st_mtime_ns for path in (work / "runs").glob("*.json")}
     assert bench_lm_recipe.main(["run", *common, "--layout", "documents"]) == 0  # all done
     assert {path.stat().st_mtime_ns for path in (work / "runs").glob("*.json")} == summaries
-    # a run still training (its curve so far, no summary yet) is reported as such
+    # a run not finished (its curve so far, no summary yet) is reported as such
     partial = (work / "runs" / "recipe-stream-s0.jsonl").read_text().splitlines()
     (work / "runs" / "plain-stream-s1.jsonl").write_text("\n".join(partial[:-1]) + "\n")
     assert bench_lm_recipe.main(["report", "--work", str(work), "--out", str(out)]) == 0
@@ -69,7 +69,7 @@ def test_arms_and_layouts_train_through_the_project_loop_and_the_report_is_writt
     rows = [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| ")]
     assert rows[:5] == ["| run", "| plain, documents, seed 0", "| recipe, documents, seed 0",
                         "| plain, stream, seed 1", "| recipe, stream, seed 0"]  # fmt: skip
-    assert "| plain, stream, seed 1 | 1, still training |" in text
+    assert "| plain, stream, seed 1 | 1, unfinished |" in text
     assert "load average at start" in text and out.with_suffix(".png").is_file()
     # --section replaces the runs section alone: the written reading around it stays
     out.write_text("# Head\n\n## Runs\n\nold\n\n## Reading\n\nkept\n")
