@@ -189,7 +189,7 @@ def ray_cluster(num_cpus: int | None = None) -> Iterator[None]:
     address = os.environ.get(ADDRESS_ENV)
     queue = {QUEUE_TIMEOUT_ENV: os.environ.get(QUEUE_TIMEOUT_ENV, QUEUE_TIMEOUT_S)}
     if not address:
-        with _environment(queue), _private_cluster(num_cpus):
+        with environment(queue), _private_cluster(num_cpus):
             yield
         return
     how = f"(${ADDRESS_ENV})"
@@ -204,7 +204,7 @@ def ray_cluster(num_cpus: int | None = None) -> Iterator[None]:
         how = f"(${ADDRESS_ENV}={AUTO}: the Ray instance `ray start` left on this machine)"
         address = found
     on_loopback = _loopback() if _is_loopback(address) else contextlib.nullcontext()
-    with _environment(queue), on_loopback:
+    with environment(queue), on_loopback:
         # "auto" as Ray reads it: Ray enables token auth for it when a token exists
         ray.init(address=os.environ[ADDRESS_ENV], log_to_driver=True)
         _say(f"joined the cluster at {address} {how}: {_describe_cluster()}")
@@ -215,7 +215,7 @@ def ray_cluster(num_cpus: int | None = None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
+def environment(values: dict[str, str]) -> Iterator[None]:
     """``os.environ`` updated with ``values`` for the block: what Ray reads from it."""
     saved = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
@@ -253,7 +253,7 @@ def _loopback() -> Iterator[None]:
     saved_flag = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        with _environment({ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}):
+        with environment({ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR: "0"}):
             yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
@@ -266,7 +266,7 @@ def _private_cluster(num_cpus: int | None) -> Iterator[None]:
     running = running_instance()  # not joined: the line below names it
     port = free_port()
     env = {ADDRESS_ENV: f"127.0.0.1:{port}", "RAY_GCS_SERVER_PORT": str(port)}
-    with _environment(env), _loopback():
+    with environment(env), _loopback():
         ray.init(
             address="local",
             num_cpus=num_cpus,

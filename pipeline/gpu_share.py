@@ -36,8 +36,8 @@ from pathlib import Path
 from pipeline.cluster import (
     ADDRESS_ENV,
     JOINED,
-    _environment,
-    _free_port,
+    environment,
+    free_port,
     ray_cluster,
 )
 from pipeline.config import PlacementParams
@@ -97,7 +97,7 @@ def run_instance(jobs: int) -> Iterator[str | None]:
         )
         try:
             address = _ready(holder)
-            with _environment({**env, ADDRESS_ENV: address}):
+            with environment({**env, ADDRESS_ENV: address}):
                 yield address
         finally:
             _stop(holder)
@@ -139,14 +139,14 @@ def hold() -> None:
     import ray
     from ray._private import ray_constants
 
-    port = _free_port()
+    port = free_port()
     os.environ["RAY_GCS_SERVER_PORT"] = str(port)
     ray_constants.ENABLE_RAY_CLUSTER = False  # imported before the env var was read here
     ray.init(
         address="local",
         include_dashboard=True,  # Tune/Train clean-up uses the state API it serves
         dashboard_host="127.0.0.1",
-        dashboard_port=_free_port(),
+        dashboard_port=free_port(),
         log_to_driver=False,
     )
     resources = ray.cluster_resources()
@@ -211,7 +211,7 @@ def gpu_lease(placement: PlacementParams) -> Iterator[str | None]:
             flush=True,
         )
         try:
-            with _environment({VISIBLE_ENV: visible}):
+            with environment({VISIBLE_ENV: visible}):
                 yield visible
         finally:
             ray.kill(holder)

@@ -1,0 +1,131 @@
+"""Model selection on a validation *score*: the HT-Encoder authors' criterion.
+
+The HIER authors (bsantraigi/HIER, ``main.py``: ``training`` and ``evaluate``) decode the
+validation dialogues greedily and keep the weights with the best
+``BLEU + 0.5 * (Inform + Success)``; their Optuna search (``search_params.py``) maximises
+the same number. :class:`MultiWozValidationScore` computes it for the training loop
+(``train.*.select_by: multiwoz_score``), with the conventions of the evaluate stage so a
+selected model's validation score and its test score mean the same:
+
+- responses: greedy decoding (``pipeline.decode``) of at most the corpus' ``max_response``
+  tokens, specials stripped;
+- BLEU: the HT-Encoder paper's convention (``text.wrapped_bleu``, ``bleu_hier``: the
+  authors' corpus BLEU on whitespace tokens, 0-100) over every decoded turn;
+- Inform/Success: the official scheme the paper reports (``eval.multiwoz``), over the
+  validation dialogues whose every system turn was decoded (``max_eval_batches`` may cut
+  the last one), on a 0-100 scale.
+
+The authors score every 3 epochs; here the score is computed at every evaluation of the
+loop (``eval_every`` and each epoch's end), under the run's precision and at the loop's
+validation batch sizes (``execution.Evaluation``: on CUDA the largest that fits). On
+several workers each rank decodes every ``world_size``-th batch (every rank at the same
+batch size) and the loop gathers the responses, so every rank computes the same score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.config import CorpusParams, DecodeParams, Selection, TokenizeParams
+from pipeline.data.loader import ExampleDataset, load_vocab, open_split
+from pipeline.data.splits import Split
+from pipeline.data.vocab import Vocab
+from pipeline.eval import text
+from pipeline.eval.collect import example_id, test_batches
+from pipeline.eval.generation import multiwoz_metrics
+from pipeline.eval.multiwoz import combined_score
+from pipeline.eval.multiwoz_db import MultiWozDB
+from pipeline.execution import Evaluation
+from pipeline.names import Task
+
+SCORE = Selection.MULTIWOZ_SCORE.metric  # the key the loop selects on
+
+# One decoded validation example: (``<dialogue id>#<turn>``, response, reference).
+Decoded = tuple[str, str, str]
+
+
+@dataclass
+class MultiWozValidationScore:
+    """``BLEU + 0.5 * (Inform + Success)`` of greedy responses on a MultiWOZ corpus'
+    validation split (module docstring). Paths are strings and the loaded data is dropped
+    on pickling, so a ``TrainJob`` carrying it ships cheaply to Ray workers."""
+
+    shards: str  # the corpus' tokenize output
+    raw: str  # its download output (dialogues with goals, the database)
+    corpus: str
+    corpus_params: CorpusParams
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_data", "_dialogues")}
+
+    @cached_property
+    def _data(self) -> tuple[ExampleDataset, Vocab]:
+        shards = Path(self.shards)
+        return open_split(shards, Task.GENERATE, Split.VALID), load_vocab(shards)
+
+    @cached_property
+    def _dialogues(self) -> tuple[list[Any], MultiWozDB]:
+        from pipeline.data.formats import ParseStats
+        from pipeline.data.tokenize import read_splits
+
+        section = TokenizeParams(corpora={self.corpus: self.corpus_params})
+        raw = Path(self.raw)
+        dialogues = read_splits(self.corpus, raw, section, ParseStats()).get(Split.VALID, [])
+        return dialogues, MultiWozDB.load(raw)
+
+    @torch.no_grad()
+    def decode(
+        self, model: nn.Module, rank: int, world_size: int, evaluation: Evaluation
+    ) -> list[Decoded]:
+        """Greedy responses to this rank's share of the validation batches, on
+        ``evaluation``'s policy (the run's autocast) at its batch sizes (the validation
+        batch size and limit of the run's params; on CUDA the largest that fits)."""
+        from pipeline.decode import DecodeConfig, generate
+
+        dataset, vocab = self._data
+        config = DecodeConfig(
+            max_length=self.corpus_params.generate.max_response,
+            **DecodeParams().model_dump(),
+        )
+        policy = evaluation.policy
+
+        def attempt(size: int, limit: int | None) -> list[Decoded]:
+            out: list[Decoded] = []
+            for i, (examples, batch) in enumerate(test_batches(dataset, size, limit)):
+                if i % world_size != rank:
+                    continue
+                with policy.autocast():
+                    got = generate(model, policy.move(batch), config)
+                rows = zip(examples, got.tokens.cpu(), got.lengths.cpu(), strict=True)
+                for example, row, n in rows:
+                    response = text.strip_special(vocab.decode(row[:n].tolist()))
+                    out.append((example_id(example), response, vocab.decode(example.target_ids)))
+            return out
+
+        return evaluation.run(attempt)
+
+    def score(self, decoded: list[Decoded]) -> dict[str, float]:
+        """``valid_score`` and its parts (``valid_bleu_hier``, ``valid_inform``,
+        ``valid_success``) from every rank's responses."""
+        decoded = sorted(decoded, key=lambda row: _order(row[0]))
+        ids, hyps, refs = (list(column) for column in zip(*decoded, strict=True))
+        dialogues, db = self._dialogues
+        rates = multiwoz_metrics(ids, hyps, refs, dialogues, db)
+        bleu = text.wrapped_bleu(hyps, refs)
+        return {
+            SCORE: combined_score(bleu, rates["inform"], rates["success"]),
+            "valid_bleu_hier": bleu,
+            "valid_inform": rates["inform"],
+            "valid_success": rates["success"],
+        }
+
+
+def _order(example_id: str) -> tuple[str, int]:
+    dialogue, turn = example_id.rsplit("#", 1)
+    return dialogue, int(turn)
