@@ -70,6 +70,23 @@ OVER_A_MINUTE: dict[str, str] = {
         "gpus_per_worker 1/N on a Ray instance with one GPU: N Ray Train runs share it at "
         "once, the (N+1)-th waits for one of them"
     ),
+    "tests/execution/test_recompiles.py::test_ptb_batches_compile_one_inductor_graph": (
+        "Inductor (C++ on CPU, as the loop compiles on a GPU) meets an epoch of PTB's batch "
+        "geometry, its short last batch and the next epoch's first in one graph per model: "
+        "Inductor's own size specialisations, which dynamo's eager backend does not make"
+    ),
+    "tests/infra/test_cluster_repro.py::test_ddp_places_one_worker_per_node_and_the_probe_sees_what_nodes_share": (  # noqa: E501
+        "the shared three-node local_cluster.sh cluster comes up (its start is this test's "
+        "set-up) and a DDP TorchTrainer puts one worker on each worker node"
+    ),
+    "tests/infra/test_cluster_repro.py::serial": (
+        "the serial reference of the JOBS=2 and killed-node tests: every seed trained "
+        "in-process once, the weights both tests compare against"
+    ),
+    "tests/train/test_distributed.py::test_two_workers_match_one_and_ray_matches_local": (
+        "Ray Train DDP with two workers takes the steps of one worker with both batches, and "
+        "a one-worker Ray run equals the in-process run, weights torch.equal"
+    ),
     "tests/train/test_mlflow_server.py::test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run": (  # noqa: E501
         "an MLflow server killed mid-run: the run goes on in the local store, and "
         "`hiertx sync-mlflow` carries it, its children and its registered model whole to the "

@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from bench.common import number, table
-from bench.gpu_check.loop import _errors, _job, _limit
+from bench.gpu_check.loop import _errors, _job, _limit, sized_knobs
 from bench.gpu_check.processes import Outcome, run_at_once, shared
 from bench.gpu_check.ptb import PTB, steps_per_epoch
 from bench.gpu_check.report import Check, Headline, Part
@@ -110,14 +110,15 @@ def ptb_curve(check: Check, part: Part) -> None:
     profile = load_checked(setup.profile)
     knobs: dict[str, Any] = {"log_every": 50}
     if setup.smoke:
-        knobs = {"log_every": 1, "epochs": TOY_EPOCHS, "max_batches_per_epoch": TOY_BATCHES,
-                 "max_eval_batches": 2}  # fmt: skip
+        knobs = {"log_every": 1, "max_batches_per_epoch": TOY_BATCHES, "max_eval_batches": 2}
     plans, per_epoch = {}, {}
     for layout in ARMS:
         arm = PTB(
             arm_params(profile, layout), setup.ptb, setup.scratch / f"curve-{layout}", setup.smoke
         )
-        plans[layout] = arm.plan(RUN, **knobs)
+        # a smoke run's two epochs average in proportion, as the four runs' do
+        short = sized_knobs(arm.request(RUN).knobs, TOY_EPOCHS) if setup.smoke else {}
+        plans[layout] = arm.plan(RUN, **knobs, **short)
         per_epoch[layout] = steps_per_epoch(plans[layout])
     jobs = {layout: _job(plan, setup, f"curve-{layout}") for layout, plan in plans.items()}
     outcomes = run_at_once(jobs, setup.device, _limit(check, part))

@@ -117,9 +117,10 @@ def cut_short(base: RunParams, knobs: dict[str, Any]) -> dict[str, Any]:
     """What else changes in a profile's run that a part cuts short, so that it keeps the
     rules the train stage checks before its first step (``config.run_rules``), without
     changing what a step costs: the warm-up scaled with the run (a tenth of ``max_steps``;
-    the profile's share of its epochs, as ``bench_lm_recipe`` scales it), and no averaging
-    where ``max_steps`` ends the run (the throughput part's: its million epochs would
-    average only after it)."""
+    the profile's share of its epochs, as ``bench_lm_recipe`` scales it, at most a tenth of
+    the run where ``max_batches_per_epoch`` cuts its epochs, as a smoke run's), and no
+    averaging where ``max_steps`` ends the run (the throughput part's: its million epochs
+    would average only after it)."""
     schedule, warmup = base.schedule, base.schedule.warmup_steps
     if knobs.get("max_steps") is not None:
         averaging = base.averaging.model_copy(update={"kind": AveragingKind.NONE})
@@ -129,6 +130,8 @@ def cut_short(base: RunParams, knobs: dict[str, Any]) -> dict[str, Any]:
             "averaging": averaging,
         }
     if "epochs" in knobs:
-        steps = max(1, round(warmup * knobs["epochs"] / base.epochs))
-        return {"schedule": schedule.model_copy(update={"warmup_steps": steps})}
+        steps = round(warmup * knobs["epochs"] / base.epochs)
+        if knobs.get("max_batches_per_epoch") is not None:
+            steps = min(steps, knobs["epochs"] * knobs["max_batches_per_epoch"] // 10)
+        return {"schedule": schedule.model_copy(update={"warmup_steps": max(1, steps)})}
     return {}
