@@ -151,13 +151,18 @@ def step_problem(knobs: RunParams, steps: EpochSteps, name: Name) -> KnobProblem
         # the warm-up's factor where it stops: (step + 1) / warmup (Noam's too, scaled to
         # peak at 1: optim.lr_factor)
         factor = (most.average_from + 1) / warmup
+        shorter = (
+            f", lower warmup_steps to at most {most.average_from + 1}"
+            if most.average_from > 0
+            else ""
+        )
         return KnobProblem(
             "averaging.epochs",
             f"averaging ({_last(avg.epochs)} of {name('epochs')}) begins {begins}, "
             f"before the warm-up ends ({name('schedule.warmup_steps')}, "
             f"{name('schedule.kind')}): the schedule stops there, so the rest of the run "
-            f"trains at {factor:.3g} x optimizer.lr. Average fewer epochs, or lower "
-            "warmup_steps below the steps before averaging",
+            f"trains at {factor:.3g} x optimizer.lr. Average fewer epochs{shorter}, or set "
+            "schedule.kind: none",
         )
     if schedule.kind == ScheduleKind.COSINE and averaging and schedule.min_lr == 0.0:
         start = fewest.average_from
@@ -170,13 +175,16 @@ def step_problem(knobs: RunParams, steps: EpochSteps, name: Name) -> KnobProblem
                 else "where averaging begins (schedule.decay_steps: null, the planned steps "
                 "before averaging)"
             )
+            latest = most.average_from  # the fix must hold for every count of steps
+            past = "past the step averaging begins"
+            past = f"above {latest + 1}, {past}" if latest is not None else past
             return KnobProblem(
                 "schedule.min_lr",
                 f"the cosine reaches {name('schedule.min_lr')} {where}, so averaging "
                 f"({_last(avg.epochs)} of {name('epochs')}), which begins "
                 f"{fewest.averaging_begins(steps)}, trains at a learning rate of 0: the "
                 "average never moves. Set min_lr above 0 (the Transformer-XL recipe: lr / 3), "
-                "or decay_steps before averaging begins",
+                f"or decay_steps {past}",
             )
     if schedule.kind == ScheduleKind.COSINE and schedule.decay_steps is None:
         decay = most.cosine_default_decay
@@ -189,6 +197,17 @@ def step_problem(knobs: RunParams, steps: EpochSteps, name: Name) -> KnobProblem
                 f"{name('schedule.warmup_steps')}: the learning rate never passes "
                 f"{decay / schedule.warmup_steps:.3g} x optimizer.lr and never decays. Lower "
                 "warmup_steps (a tenth of the run is usual), set decay_steps, or train longer",
+            )
+    if schedule.kind == ScheduleKind.COSINE and schedule.decay_steps is not None:
+        total = most.total
+        if total is not None and total <= schedule.warmup_steps:
+            return KnobProblem(
+                "schedule.warmup_steps",
+                f"the run's {most.total_words(steps)} end before the warm-up "
+                f"({name('schedule.warmup_steps')}) does: the learning rate never passes "
+                f"{total / schedule.warmup_steps:.3g} x optimizer.lr and never decays "
+                f"({name('schedule.decay_steps')} lies beyond the run). Lower warmup_steps (a "
+                "tenth of the run is usual), or train longer",
             )
     if averaging and knobs.max_steps is not None:
         start = fewest.average_from
@@ -263,6 +282,22 @@ class _Steps:
         if self.per_epoch == steps.low:
             return f"at step {start} at the earliest ({epoch}, at least 1 step an epoch)"
         return f"by step {start} at the latest ({epoch}, {steps.words})"
+
+    @property
+    def total(self) -> int | None:
+        """The run's planned steps, cut at ``max_steps`` (None: unknown)."""
+        cap = self.knobs.max_steps
+        if self.per_epoch is None:
+            return cap
+        steps = self.per_epoch * self.knobs.epochs
+        return steps if cap is None else min(steps, cap)
+
+    def total_words(self, steps: EpochSteps) -> str:
+        """:attr:`total` and where it comes from."""
+        if self.knobs.max_steps is not None and self.total == self.knobs.max_steps:
+            return f"{self.total} planned steps (max_steps)"
+        exactly = "" if steps.exact else "at most "
+        return f"{exactly}{self.total} planned steps ({self.knobs.epochs} epochs, {steps.words})"
 
     def decay_words(self, steps: EpochSteps) -> str:
         """The cosine's default decay steps, and where they come from."""

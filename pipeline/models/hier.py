@@ -109,9 +109,11 @@ class HierConfig(AttentionModelConfig):
         dropout, attention = info.data.get("dropout", 0.0), info.data.get("attention_dropout")
         p = dropout if attention is None else attention
         if layout is AttentionLayout.FLEX and p > 0:
+            # by name: a check lists the levels setting the fields a message names
+            which = "attention_dropout" if attention is not None else "dropout"
             raise ValueError(
-                f"flex has no dropout on attention probabilities and {p} is in effect: set "
-                "attention_dropout: 0, or attention_layout: auto (flex where it applies)"
+                f"flex cannot drop attention probabilities, and {which} = {p} is in effect: "
+                "set attention_dropout: 0, or attention_layout: auto (flex where it applies)"
             )
         return layout
 

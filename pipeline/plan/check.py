@@ -353,6 +353,16 @@ def _validate_config(
                 also.insert(0, given.names(field_name))
             if also:
                 reason = f"{reason} (with {'; '.join(also)})"
+            # a value a search draws beats any level's: the fix is in the search space
+            searched = [
+                f"{s.key}.{other}"
+                for other in _config_fields(model)
+                if (other == field_name or re.search(rf"\b{other}\b", err.reason))
+                and (s := next((s for s in sources if other in s.values), None)) is not None
+                and s.notes.get(other)
+            ]
+            if searched:
+                reason += f"; the search draws {', '.join(searched)}: narrow or drop it there"
         if run:
             reason = f"{run}: {reason}"
         raise ConfigError(f"{where}.{field_name}", reason) from None

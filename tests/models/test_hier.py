@@ -240,7 +240,7 @@ def test_auto_layout_is_packed_when_eager_and_flex_only_without_attention_dropou
 
 
 def test_flex_layout_needs_attention_dropout_zero():
-    with pytest.raises(ConfigError, match=r"hier\.attention_layout: flex has no dropout"):
+    with pytest.raises(ConfigError, match=r"hier\.attention_layout: flex cannot drop attention"):
         registry.build("hier", 10, attention_layout="flex")  # dropout 0.1, the paper's
     with pytest.raises(ConfigError, match=r"hier\.attention_layout: flex.*0\.2 is in effect"):
         registry.build("hier", 10, attention_layout="flex", dropout=0.0, attention_dropout=0.2)

@@ -71,6 +71,9 @@ def test_averaging_after_a_cosine_to_a_min_lr_of_0_is_refused(tiny: dict) -> Non
         err.reason
     )
     assert checked(with_value(raw, f"{GPT}.schedule.min_lr", 1e-3))
+    # the fix it names: a decay that ends after averaging begins (at step 4 at the latest)
+    assert "or decay_steps above 5, past the step averaging begins" in err.reason
+    assert checked(with_value(raw, f"{GPT}.schedule.decay_steps", 6))
 
 
 def test_averaging_that_max_steps_cuts_off_is_refused_when_it_is_certain(tiny: dict) -> None:
@@ -101,6 +104,14 @@ def test_a_cosine_whose_planned_steps_do_not_outlast_its_warm_up_is_refused(tiny
         "0.004 x optimizer.lr and never decays"
     ) in err.reason
     assert checked(with_value(tiny, f"{GPT}.schedule", {"kind": "cosine", "warmup_steps": 2}))
+    # decay_steps set beyond the run: the warm-up still never ends
+    err = _error(with_value(tiny, f"{GPT}.schedule", {"kind": "cosine", "decay_steps": 2000}))
+    assert err.key == f"{GPT}.schedule.warmup_steps"
+    assert err.reason.startswith(
+        "run gpt-chitchat: the run's at most 4 planned steps (1 epochs, at most 4 steps an "
+        "epoch: train.defaults.max_batches_per_epoch = 4) end before the warm-up "
+        f"({GPT}.schedule.warmup_steps = 1000 (default)) does"
+    )
 
 
 def test_tuned_runs_are_checked_like_train_runs(tiny: dict) -> None:
@@ -157,10 +168,14 @@ def test_flex_is_checked_against_the_dropout_in_effect_where_the_levels_meet(
     err = _error(with_value(flex, "tune.spaces.hier.model.attention_dropout", dim))
     assert err.key == f"{HIER}.model.attention_layout"
     assert err.reason.startswith(
-        "tuned run hier-chitchat: flex has no dropout on attention probabilities and 0.1 is "
-        "in effect"
+        "tuned run hier-chitchat: flex cannot drop attention probabilities, and "
+        "attention_dropout = 0.1 is in effect"
     )
     assert "tune.spaces.hier.model.attention_dropout = 0.1 (the search's low)" in err.reason
+    # the fix is where the value comes from: the search, not a level already at 0
+    assert err.reason.endswith(
+        "; the search draws tune.spaces.hier.model.attention_dropout: narrow or drop it there"
+    )
     merged = copy.deepcopy(flex)
     del merged["train"]["models"]["hier"]["model"]["attention_dropout"]
     del merged["tune"]["runs"]["hier-chitchat"]
