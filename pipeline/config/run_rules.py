@@ -297,7 +297,8 @@ class _Steps:
         if self.knobs.max_steps is not None and self.total == self.knobs.max_steps:
             return f"{self.total} planned steps (max_steps)"
         exactly = "" if steps.exact else "at most "
-        return f"{exactly}{self.total} planned steps ({self.knobs.epochs} epochs, {steps.words})"
+        epochs = "1 epoch" if self.knobs.epochs == 1 else f"{self.knobs.epochs} epochs"
+        return f"{exactly}{self.total} planned steps ({epochs}, {steps.words})"
 
     def decay_words(self, steps: EpochSteps) -> str:
         """The cosine's default decay steps, and where they come from."""

@@ -108,7 +108,7 @@ def test_a_cosine_whose_planned_steps_do_not_outlast_its_warm_up_is_refused(tiny
     err = _error(with_value(tiny, f"{GPT}.schedule", {"kind": "cosine", "decay_steps": 2000}))
     assert err.key == f"{GPT}.schedule.warmup_steps"
     assert err.reason.startswith(
-        "run gpt-chitchat: the run's at most 4 planned steps (1 epochs, at most 4 steps an "
+        "run gpt-chitchat: the run's at most 4 planned steps (1 epoch, at most 4 steps an "
         "epoch: train.defaults.max_batches_per_epoch = 4) end before the warm-up "
         f"({GPT}.schedule.warmup_steps = 1000 (default)) does"
     )
