@@ -44,6 +44,8 @@ def test_averaging_the_whole_run_under_a_warm_up_is_refused(tiny: dict) -> None:
         "begins at step 0 (it covers every epoch), before the warm-up ends "
         f"({GPT}.schedule.warmup_steps = 100, {GPT}.schedule.kind = linear_warmup)"
     )
+    # no warm-up fits before step 0: the fixes it names are ones that can be made
+    assert err.reason.endswith("Average fewer epochs, or set schedule.kind: none")
     assert "trains at 0.01 x optimizer.lr. Average fewer epochs" in err.reason
     # a constant learning rate may be averaged from the first step
     constant = with_value(raw, f"{GPT}.averaging", {"kind": "uniform", "epochs": 2})
