@@ -87,6 +87,11 @@ OVER_A_MINUTE: dict[str, str] = {
         "Ray Train DDP with two workers takes the steps of one worker with both batches, and "
         "a one-worker Ray run equals the in-process run, weights torch.equal"
     ),
+    "tests/infra/test_join_cluster.py::on_a_head": (
+        "beside a plain `ray start --head` in a private network namespace: without "
+        "RAY_ADDRESS a stage's cluster is a private one, not that head; with "
+        "RAY_ADDRESS=auto a fresh clone's train stage trains on that head's cluster"
+    ),
     "tests/train/test_mlflow_server.py::test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run": (  # noqa: E501
         "an MLflow server killed mid-run: the run goes on in the local store, and "
         "`hiertx sync-mlflow` carries it, its children and its registered model whole to the "

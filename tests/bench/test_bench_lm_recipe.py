@@ -43,7 +43,7 @@ def test_arms_and_layouts_train_through_the_project_loop_and_the_report_is_writt
     ptb, work, out = toy_ptb(tmp_path / "ptb"), tmp_path / "work", tmp_path / "LM_RECIPE.md"
     common = ["--ptb", str(ptb), "--work", str(work), "--fraction", "0.5", "--valid-fraction",
               "0.5", "--epochs", "2", "--seeds", "0", "--d-model", "16", "--layers", "1",
-              "--heads", "2", "--batch-size", "8", "--jobs", "0"]  # fmt: skip
+              "--heads", "2", "--batch-size", "4", "--jobs", "0"]  # fmt: skip
     assert bench_lm_recipe.main(["run", *common, "--layout", "documents"]) == 0
     assert bench_lm_recipe.main(["run", *common, "--layout", "stream", "--arms", "recipe"]) == 0
     runs = bench_lm_recipe.read_runs(work)
