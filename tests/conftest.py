@@ -63,7 +63,8 @@ def ray_head() -> Iterator[dict[str, str]]:
 def on_ray_head(ray_head: dict[str, str]) -> Iterator[None]:
     """``$RAY_ADDRESS`` and its token name the session's Ray instance for the test: what it
     runs on Ray (``pipeline.cluster.ray_cluster``) joins that instead of starting its own.
-    Mark such tests ``xdist_group("cluster")``: one pytest-xdist worker runs them all."""
+    Mark such tests ``xdist_group("ray")``: one pytest-xdist worker runs them all, on one
+    instance (the multi-node cluster tests are ``xdist_group("cluster")``, on another)."""
     from tests.ray_head import joining
 
     with joining(ray_head):
@@ -76,7 +77,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """One torch/OpenMP thread per process unless ``$OMP_NUM_THREADS`` says otherwise:
-    ``make test`` runs a worker per core, and the subprocesses tests start inherit it."""
+    ``make test`` runs a worker per core and one more, and the subprocesses tests start
+    inherit it."""
     import torch
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")

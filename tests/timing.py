@@ -92,6 +92,18 @@ OVER_A_MINUTE: dict[str, str] = {
         "RAY_ADDRESS a stage's cluster is a private one, not that head; with "
         "RAY_ADDRESS=auto a fresh clone's train stage trains on that head's cluster"
     ),
+    "tests/test_results_follow_code.py::test_a_code_change_retrains": (
+        "a change to the loop's code retrains its stage under dvc repro, as a new run with "
+        "other weights; the same code resumes to the same weights (three trainings)"
+    ),
+    "tests/tracking/test_mlflow_ui.py::test_the_experiment_opens_on_its_runs_table_in_a_browser": (
+        "the MLflow UI of a real server opens the experiment on its runs table in headless "
+        "Chromium (run, source, description) and a run's charts in the curves-then-eval order"
+    ),
+    "tests/train/test_mlflow_server.py::test_server_shows_run_metrics_and_registered_model": (
+        "a training logs to a real MLflow server (sqlite and PostgreSQL stores): its params, "
+        "its metrics' history, its registered model version"
+    ),
     "tests/train/test_mlflow_server.py::test_server_dying_mid_run_then_sync_mlflow_carries_the_whole_run": (  # noqa: E501
         "an MLflow server killed mid-run: the run goes on in the local store, and "
         "`hiertx sync-mlflow` carries it, its children and its registered model whole to the "

@@ -197,7 +197,7 @@ def test_a_run_selected_on_the_score_records_it(project, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_a_search_on_the_score_records_its_best_trials_score(
     project, tmp_path, capsys, on_ray_head
 ):

@@ -30,6 +30,7 @@ SCRIPT = REPO / "infra" / "local_cluster.sh"
 # what the script sets for its command: the cluster's address, token and namespace
 CLUSTER_VARS = ("RAY_", "HIERTX_CLUSTER_")
 POLL_S = 0.1
+STRAGGLERS_S = 20.0  # how long a stopped node's orphaned helpers may take to exit
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -211,10 +212,17 @@ class LocalCluster:
             self.process.wait(timeout_s)
         assert self.process.returncode == 0, f"the script ended badly:\n{self.log[-4000:]}"
         workdir = str(self.workdir)
-        left = {p for p in started if alive(p)}
-        left |= {int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
-                 if workdir in cmdline(int(p.parent.name))}  # fmt: skip
-        return sorted(cmdline(p) for p in left if alive(p))
+        # A node's orphans end on their own once their parent is gone (the dashboard's
+        # multiprocessing forkserver and resource tracker read EOF): a few seconds' grace.
+        deadline = time.monotonic() + STRAGGLERS_S
+        while True:
+            left = {p for p in started if alive(p)}
+            left |= {int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
+                     if workdir in cmdline(int(p.parent.name))}  # fmt: skip
+            left = {p for p in left if alive(p)}
+            if not left or time.monotonic() > deadline:
+                return sorted(cmdline(p) for p in left)
+            time.sleep(0.5)
 
 
 if __name__ == "__main__":

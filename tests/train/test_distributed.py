@@ -113,7 +113,7 @@ def _checkpoints(storage: Path, name: str) -> list[Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_two_workers_match_one_and_ray_matches_local(tmp_path, cluster):
     job = _job(tmp_path, "local")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -146,7 +146,7 @@ def test_two_workers_match_one_and_ray_matches_local(tmp_path, cluster):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_a_torn_newest_ray_checkpoint_resumes_from_the_one_before(tmp_path, cluster):
     job = replace(_job(tmp_path, "torn"), restart="rm -r <run> && dvc repro train@toy")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -165,7 +165,7 @@ def test_a_torn_newest_ray_checkpoint_resumes_from_the_one_before(tmp_path, clus
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_no_intact_ray_checkpoint_fails_saying_how_to_start_over(tmp_path, cluster):
     job = replace(_job(tmp_path, "torn"), restart="rm -r <run> && dvc repro train@toy")
     placement, storage = PlacementParams(), str(tmp_path)
@@ -185,7 +185,7 @@ def test_no_intact_ray_checkpoint_fails_saying_how_to_start_over(tmp_path, clust
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_a_diverged_ray_run_fails_with_its_own_error(tmp_path, cluster):
     job = replace(_job(tmp_path, "nan"), model=DivergingFactory(at=2, what="loss"))
     with pytest.raises(TrainingDiverged, match="nan diverged at step 2: the training loss"):

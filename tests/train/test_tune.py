@@ -96,7 +96,7 @@ def test_per_head_needs_the_searched_heads_and_integer_sizes():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(
     project, monkeypatch, capsys, on_ray_head
 ):
@@ -171,7 +171,7 @@ def test_tune_stage_runs_trials_as_child_runs_writes_best_and_resumes(
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_a_search_on_a_score_keeps_its_highest_trial(project, tmp_path, on_ray_head):
     """``select_by`` a score: Optuna and ASHA maximise it and the record holds the best
     trial's (here a score that grows with the model: the widest trial must win)."""
