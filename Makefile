@@ -41,12 +41,11 @@ endif
 compare: setup  ## the runs' key metrics side by side, a table per task (REV=main: changes since main)
 	$(BIN)/python -m pipeline compare $(if $(REV),--rev $(REV))
 
-# The tests run on pytest-xdist workers (TEST_WORKERS=0: all in one process), each
+# The tests run on a pytest-xdist worker per core (TEST_WORKERS=0: all in one process), each
 # with one torch/OpenMP thread; `--dist loadgroup` keeps the tests of one
 # @pytest.mark.xdist_group on one worker, one after another (tests/timing.py: which start first).
-# One worker more than cores: much of the suite waits on its subprocesses (DVC, Ray nodes,
-# servers): with a worker per core, 2 cores spent 30 CPU-minutes in 28 minutes (ci, this round).
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
+# A worker per core: one more was no faster on 2 cores (pytest 26.4 min with 2, 27.0 with 3).
+TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
 	--dist loadgroup --no-loadscope-reorder
 
