@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests import projects, timing
 from tests.batches import shared_data_dir
+
+if TYPE_CHECKING:
+    from tests.ray_head import SharedHead
 
 # pytester: tests/test_suite_rules.py runs these hooks on a small suite of its own
 pytest_plugins = ("pytester",)
@@ -50,25 +54,46 @@ def tokenized_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return projects.tokenized_tiny(shared)
 
 
-@pytest.fixture(scope="session")
-def ray_head() -> Iterator[dict[str, str]]:
-    """The session's Ray instance (``tests.ray_head``): the environment that joins it."""
-    from tests.ray_head import ray_head as started
+SHARED_HEAD = pytest.StashKey["SharedHead"]()
 
-    with started() as join:
-        yield join
+
+@pytest.fixture(scope="session")
+def ray_head(request: pytest.FixtureRequest) -> Iterator[SharedHead]:
+    """The session's Ray instance (``tests.ray_head``), started here; stopped after the last
+    of the consecutive tests that use it (``pytest_runtest_teardown``), started again by
+    ``on_ray_head`` for a later one."""
+    from tests.ray_head import SharedHead
+
+    head = request.config.stash[SHARED_HEAD] = SharedHead()
+    head.join()
+    try:
+        yield head
+    finally:
+        head.stop()
 
 
 @pytest.fixture
-def on_ray_head(ray_head: dict[str, str]) -> Iterator[None]:
+def on_ray_head(ray_head: SharedHead) -> Iterator[None]:
     """``$RAY_ADDRESS`` and its token name the session's Ray instance for the test: what it
     runs on Ray (``pipeline.cluster.ray_cluster``) joins that instead of starting its own.
-    Mark such tests ``xdist_group("ray")``: one pytest-xdist worker runs them all, on one
-    instance (the multi-node cluster tests are ``xdist_group("cluster")``, on another)."""
+    Mark such tests ``xdist_group("ray")``: one pytest-xdist worker runs them all, one after
+    another, on one instance (the multi-node cluster tests are ``xdist_group("cluster")``,
+    on another)."""
     from tests.ray_head import joining
 
-    with joining(ray_head):
+    with joining(ray_head.join()):
         yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After the test's own teardown: the session's Ray head stops unless the next test
+    uses it too."""
+    result = yield
+    head = item.config.stash.get(SHARED_HEAD, None)
+    if head is not None and (nextitem is None or "ray_head" not in nextitem.fixturenames):
+        head.stop()
+    return result
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -4,9 +4,11 @@ Starting a Ray instance costs about 20 s on 2 cores; joining a running one about
 So a head node is started once per test session (per pytest-xdist worker), as a user
 starts one (``ray start --head --block``), and each such test joins it through
 ``$RAY_ADDRESS``, as a stage joins a cluster (``pipeline.cluster.ray_cluster``), and leaves
-it when it ends. The instance is private to the session: its own temp dir (it records no
-address in ``/tmp/ray``), its own token, ports picked free, every socket on 127.0.0.1; it
-ends with the process that started it, even one killed.
+it when it ends. It runs only while tests need it (:class:`SharedHead`): an idle head costs
+about 4 CPU-seconds a minute on 2 cores, which the session's other tests would pay.
+The instance is private to the session: its own temp dir (it records no address in
+``/tmp/ray``), its own token, ports picked free, every socket on 127.0.0.1; it ends with
+the process that started it, even one killed.
 """
 
 from __future__ import annotations
@@ -79,6 +81,29 @@ def ray_head(num_cpus: int = 2, timeout_s: float = 300) -> Iterator[dict[str, st
             os.killpg(head.pid, signal.SIGKILL)  # its node's processes too
             head.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+class SharedHead:
+    """A :func:`ray_head` that runs while tests need it: :meth:`join` starts it (again, if
+    it was stopped), :meth:`stop` ends it (``tests/conftest.py`` does after the last of the
+    consecutive tests that ask for it)."""
+
+    def __init__(self) -> None:
+        self._running: contextlib.ExitStack | None = None
+        self._join: dict[str, str] = {}
+
+    def join(self) -> dict[str, str]:
+        """The environment that joins the head, started if it is not running."""
+        if self._running is None:
+            running = contextlib.ExitStack()
+            self._join = running.enter_context(ray_head())
+            self._running = running
+        return self._join
+
+    def stop(self) -> None:
+        running, self._running = self._running, None
+        if running is not None:
+            running.close()
 
 
 @contextlib.contextmanager

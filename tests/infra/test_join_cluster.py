@@ -25,7 +25,7 @@ import pytest
 
 from pipeline.cluster import ray_cluster
 from pipeline.errors import ConfigError
-from tests.test_pipeline import DVC, edit_params, fresh_copy
+from tests.projects import DVC, copy_tokenized, edit_params
 
 needs_unshare = pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare")
 HEAD = "127.0.0.1:6390"
@@ -63,12 +63,15 @@ print('ACTORS ' + json.dumps([a.class_name for a in list_actors(limit=10000)]))
 
 
 @pytest.fixture(scope="module")
-def on_a_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """:data:`SCRIPT` run once, beside a plain ``ray start --head``: its folder of logs and
+def on_a_head(
+    tmp_path_factory: pytest.TempPathFactory, tokenized_tiny: Path
+) -> Iterator[tuple[Path, str]]:
+    """:data:`SCRIPT` run once, beside a plain ``ray start --head``, in a copy of the
+    tokenized tiny project (the train stage is what it is about): its folder of logs and
     its output."""
     logs = tmp_path_factory.mktemp("join")
     root = logs / "p"
-    fresh_copy(root)
+    copy_tokenized(tokenized_tiny, root)
     edit_params(root, "train.scale.num_workers", 1)
     # short: Ray's socket paths under it must fit in 107 bytes
     tmp = tempfile.mkdtemp(prefix="hiertx-join-")
