@@ -34,9 +34,10 @@ OVER_A_MINUTE: dict[str, str] = {
         "loop's step compiled by Inductor from a cold cache, as the GPU kit runs it"
     ),
     "tests/infra/test_cluster_repro.py::test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run": (  # noqa: E501
-        "make repro JOBS=2 on a three-node local Ray cluster: trainings overlap up to the "
-        "slots, every seed's weights equal a serial run's (its module fixture), no MLflow "
-        "run, metric or model version lost to concurrent writers; a second make runs nothing"
+        "make repro JOBS=2 on a three-node local Ray cluster: the search, trainings and "
+        "evaluations; trainings overlap up to the slots, every seed's weights equal a serial "
+        "run's (its module fixture), no MLflow run, metric or model version lost to "
+        "concurrent writers; dvc status clean afterwards"
     ),
     "tests/test_pipeline.py::test_make_repro_as_a_user_then_compare_experiments": (
         "the README's make repro from a fresh clone at profiles/tiny.yaml, from a shell "

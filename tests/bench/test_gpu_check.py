@@ -410,10 +410,10 @@ def test_a_training_past_the_time_limit_is_killed(tmp_path: Path) -> None:
         show_progress=False,
     )
     start = time.monotonic()
-    (outcome,) = run_at_once({"endless": job}, "cpu", timeout_s=20.0)
-    assert 20.0 <= time.monotonic() - start < 60.0
+    (outcome,) = run_at_once({"endless": job}, "cpu", timeout_s=8.0)  # a core busy till then
+    assert 8.0 <= time.monotonic() - start < 48.0
     assert outcome.killed
-    assert outcome.error == "the process killed at the time limit (20 s), exit code -9"
+    assert outcome.error == "the process killed at the time limit (8 s), exit code -9"
     assert outcome.lines == tuple(MetricStamps(str(folder / "stamps.jsonl")).read())
 
 
