@@ -41,11 +41,12 @@ endif
 compare: setup  ## the runs' key metrics side by side, a table per task (REV=main: changes since main)
 	$(BIN)/python -m pipeline compare $(if $(REV),--rev $(REV))
 
-# The tests run on a pytest-xdist worker per core (TEST_WORKERS=0: all in one process), each
-# with one torch/OpenMP thread; `--dist loadgroup` keeps the tests of one
+# The tests run on pytest-xdist workers, one more than the cores (TEST_WORKERS=0: all in one
+# process), each with one torch/OpenMP thread; `--dist loadgroup` keeps the tests of one
 # @pytest.mark.xdist_group on one worker, one after another (tests/timing.py: which start first).
-# A worker per core: one more was no faster on 2 cores (pytest 26.4 min with 2, 27.0 with 3).
-TEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+# One more than the cores: the multi-node tests' worker waits on Ray much of its time (2 cores:
+# pytest 24.1 min with 2 workers; 20.4 min with 3, the cores 95% busy).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
 	--dist loadgroup --no-loadscope-reorder
 

@@ -102,7 +102,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """One torch/OpenMP thread per process unless ``$OMP_NUM_THREADS`` says otherwise:
-    ``make test`` runs a worker per core, and the subprocesses tests start inherit it."""
+    ``make test`` runs a worker per core and one more, and the subprocesses tests start
+    inherit it."""
     import torch
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")

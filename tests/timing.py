@@ -88,10 +88,18 @@ OVER_A_MINUTE: dict[str, str] = {
         "Ray Train DDP with two workers takes the steps of one worker with both batches, and "
         "a one-worker Ray run equals the in-process run, weights torch.equal"
     ),
+    "tests/train/test_distributed.py::test_a_torn_ray_checkpoint_resumes_from_the_one_before_and_none_intact_fails": (  # noqa: E501
+        "three Ray Train runs of one name: a finished one, its resume past a torn newest "
+        "checkpoint to the same weights, and the refusal once no checkpoint is intact"
+    ),
     "tests/infra/test_join_cluster.py::on_a_head": (
         "beside a plain `ray start --head` in a private network namespace: without "
         "RAY_ADDRESS a stage's cluster is a private one, not that head; with "
         "RAY_ADDRESS=auto a fresh clone's train stage trains on that head's cluster"
+    ),
+    "tests/infra/test_mlflow_hosts.py::server": (
+        "a real mlflow server on a new sqlite store (its migrations, uvicorn): about 15 s "
+        "alone, 50 s beside two other workers on 2 cores"
     ),
     "tests/test_results_follow_code.py::test_a_code_change_retrains": (
         "a change to the loop's code retrains its stage under dvc repro, as a new run with "

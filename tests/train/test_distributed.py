@@ -147,7 +147,10 @@ def test_two_workers_match_one_and_ray_matches_local(tmp_path, cluster):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
-def test_a_torn_newest_ray_checkpoint_resumes_from_the_one_before(tmp_path, cluster):
+def test_a_torn_ray_checkpoint_resumes_from_the_one_before_and_none_intact_fails(tmp_path, cluster):
+    """One finished Ray run, torn twice: its newest checkpoint (the run resumes from the one
+    before, to the same weights), then every checkpoint (the stage says how to start over).
+    Two tests once, merged: each began with the same run."""
     job = replace(_job(tmp_path, "torn"), restart="rm -r <run> && dvc repro train@toy")
     placement, storage = PlacementParams(), str(tmp_path)
     whole = fit(job, 1, placement, storage)
@@ -163,13 +166,6 @@ def test_a_torn_newest_ray_checkpoint_resumes_from_the_one_before(tmp_path, clus
     for k, v in _weights(whole).items():
         assert torch.equal(v, _weights(resumed)[k]), k
 
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("ray")
-def test_no_intact_ray_checkpoint_fails_saying_how_to_start_over(tmp_path, cluster):
-    job = replace(_job(tmp_path, "torn"), restart="rm -r <run> && dvc repro train@toy")
-    placement, storage = PlacementParams(), str(tmp_path)
-    fit(job, 1, placement, storage)
     for path in _checkpoints(tmp_path, "torn"):
         path.write_bytes(b"torn")
     # what the stage asks first (to announce the step it resumes from) says so
