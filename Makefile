@@ -45,7 +45,7 @@ compare: setup  ## the runs' key metrics side by side, a table per task (REV=mai
 # process), each with one torch/OpenMP thread; `--dist loadgroup` keeps the tests of one
 # @pytest.mark.xdist_group on one worker, one after another (tests/timing.py: which start first).
 # One more than the cores: the multi-node tests' worker waits on Ray much of its time (2 cores:
-# pytest 24.1 min with 2 workers; 20.4 min with 3, the cores 95% busy).
+# pytest 24.1 min with 2 workers; 20.4 and 21.5 min with 3, the cores 95% busy).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
 	--dist loadgroup --no-loadscope-reorder
