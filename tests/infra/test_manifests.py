@@ -87,8 +87,10 @@ def test_mlflow_compose_publishes_on_loopback_only() -> None:
     command = services["mlflow"]["command"]
     assert "--serve-artifacts" in command
     # SQLAlchemy >= 2.1 reads a bare postgresql:// as psycopg 3: the URI names the driver
-    # the image installs (tests/train/test_mlflow_server.py runs it on a real PostgreSQL)
-    assert "postgresql+psycopg2://" in command
+    # the image installs (tests/train/test_mlflow_server.py runs it on a real PostgreSQL);
+    # the image's entry point builds it (tests/infra/test_mlflow_store_uri.py)
+    assert "hiertx-mlflow-serve" in command
+    assert "postgresql+psycopg2://" in (INFRA / "mlflow" / "serve.py").read_text()
     assert services["mlflow"]["build"]["dockerfile"] == "Dockerfile"
     assert "psycopg2-binary==" in (INFRA / "mlflow" / "Dockerfile").read_text()
     example = (INFRA / "mlflow" / ".env.example").read_text()
