@@ -12,7 +12,12 @@ export MLFLOW_DISABLE_TELEMETRY := true
 
 .PHONY: setup repro compare test test-fast lint bench
 
-# torch first: its CPU wheel is pinned; a looser resolve would pull several GB of CUDA wheels.
+# torch first, at the version pyproject.toml pins (2.13.0), alone, before a looser resolve
+# of the rest. Which build arrives is the index's choice: plain PyPI on Linux x86-64 gives
+# the CUDA one (several GB of nvidia-* wheels); a machine whose pip config names a local
+# CPU wheel (as this one's) gets 2.13.0+cpu. For the CPU build from the internet, first
+#   python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# then `make setup`, which keeps it (the installed torch meets the pin).
 # An existing venv is kept (a change to pyproject.toml re-installs into it): `venv` run over
 # a venv made by another python3 rewrites its pyvenv.cfg and breaks it. `rm -r .venv` starts over.
 # constraints.txt: the versions the tests ran with, shared with the images (infra/).

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 OURS = ("pipeline", "stages", "infra")  # infra's own scripts read some (local_cluster.sh)
 VARIABLE = re.compile(r"\b((?:HIERTX|RAY|MLFLOW)_[A-Z0-9_]+)\b")
-TEXT = (".py", ".sh", ".yaml", ".yml", ".md", ".env", ".example", "Dockerfile")
+TEXT = (".py", ".sh", ".sbatch", ".yaml", ".yml", ".md", ".env", ".example", "Dockerfile")
 
 
 def _files(root: Path, suffixes: tuple[str, ...]) -> list[Path]:
