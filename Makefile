@@ -10,7 +10,7 @@ IN_VENV := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup repro compare test test-fast lint bench
+.PHONY: setup repro compare test test-fast test-order lint bench
 
 # torch first, at the version pyproject.toml pins (2.13.0), alone, before a looser resolve
 # of the rest. Which build arrives is the index's choice: plain PyPI on Linux x86-64 gives
@@ -63,6 +63,17 @@ test: setup  ## the layers' import contracts, then the whole test suite (slow te
 
 test-fast: setup  ## the inner loop: the tests not marked slow, in parallel (CI runs `make test`)
 	$(PYTEST) -m "not slow"
+
+# Does any test depend on the order it runs in? `python -m tests.order` runs the tests reversed
+# (pytest-reverse), shuffled with each seed of ORDER_SEEDS (pytest-random-order: the modules'
+# order and the tests' within each), then each test module alone in a fresh process,
+# TEST_WORKERS at a time, and lists what failed in which order. The not-slow tests (about
+# 30 min on 2 cores with TEST_WORKERS=2); SLOW=1: all of them. Both plugins act only when
+# asked: `make test` and `make test-fast` run in pytest's order. CI does not run it.
+ORDER_SEEDS ?= 1 2 3
+test-order: setup  ## the order-dependence search: reversed, 3 seeded shuffles, each module alone
+	$(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m tests.order --workers $(TEST_WORKERS) \
+		--seeds $(ORDER_SEEDS) $(if $(filter 1,$(SLOW)),--slow)
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

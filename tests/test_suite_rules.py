@@ -164,3 +164,21 @@ def test_every_declared_slow_test_exists() -> None:
         if not source.is_file() or (name and function not in source.read_text()):
             stale.append(key)
     assert not stale
+
+
+def test_the_order_plugins_act_only_when_asked(pytester: pytest.Pytester) -> None:
+    """``make test-order``'s plugins (``tests/order.py``): pytest-reverse and
+    pytest-random-order leave the order of ``make test`` and ``make test-fast`` alone; asked,
+    they reverse it, or shuffle it the same way for the same seed."""
+    names = [f"test_{i}" for i in range(8)]
+    pytester.makepyfile(test_few="".join(f"def {name}():\n    pass\n" for name in names))
+
+    def order(*options: str) -> list[str]:
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--co", "-q", *options)
+        return [line.split("::")[1] for line in result.outlines if "::" in line]
+
+    assert order() == names
+    assert order("--reverse") == names[::-1]
+    seeded = ("--random-order-bucket=module", "--random-order-seed=1")
+    shuffled = order(*seeded)
+    assert sorted(shuffled) == names and shuffled != names and order(*seeded) == shuffled
