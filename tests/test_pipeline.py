@@ -81,7 +81,9 @@ def test_make_repro_as_a_user_then_compare_experiments(tmp_path):
         assert any(row["run"] == key for t in tables for row in t["rows"])  # a paper table
         assert any(line.endswith(f",{key}") for line in curves[1:] + ranking[1:]), key
     for png in ("learning_curves", "metrics", "length_vs_loss", "attention_masks", "unet_widths"):
-        assert (root / "reports" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (root / "reports" / "figures" / f"{png}.png").read_bytes()[
+            :8
+        ] == b"\x89PNG\r\n\x1a\n"
     second = run(root, env, *make)
     assert not ran(second) and "Data and pipelines are up to date" in second
 

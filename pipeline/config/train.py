@@ -110,11 +110,14 @@ class Selection(enum.StrEnum):
 
     ``valid_loss``: the lowest validation loss. ``multiwoz_score``: the highest
     ``BLEU + 0.5 * (Inform + Success)`` of greedy responses to the validation dialogues,
-    the HT-Encoder authors' criterion (``pipeline.eval.validation_score``).
+    the HT-Encoder authors' criterion. ``mrr``: the highest mean reciprocal rank of the
+    true response among each validation example's candidates (select runs: what their
+    test split is scored on). Both scores: ``pipeline.eval.validation_score``.
     """
 
     VALID_LOSS = "valid_loss"
     MULTIWOZ_SCORE = "multiwoz_score"
+    MRR = "mrr"
 
     @property
     def metric(self) -> str:
@@ -170,8 +173,9 @@ class RunParams(Section):
     select_by: Selection = Field(
         default=Selection.VALID_LOSS,
         description="what picks the kept weights, patience and tune trials: valid_loss, "
-        "or multiwoz_score (BLEU + 0.5 (Inform + Success) of greedy validation responses; "
-        "MultiWOZ generate runs)",
+        "multiwoz_score (BLEU + 0.5 (Inform + Success) of greedy validation responses; "
+        "MultiWOZ generate runs) or mrr (the validation examples' mean reciprocal rank of "
+        "the true response among their candidates; select runs)",
     )
     clip_norm: float | None = Field(default=1.0, gt=0, description="max gradient norm")
     optimizer: OptimizerParams = OptimizerParams()

@@ -1,25 +1,37 @@
-"""Model selection on a validation *score*: the HT-Encoder authors' criterion.
+"""Model selection on a validation *score*, computed as the test split is scored.
 
-The HIER authors (bsantraigi/HIER, ``main.py``: ``training`` and ``evaluate``) decode the
-validation dialogues greedily and keep the weights with the best
-``BLEU + 0.5 * (Inform + Success)``; their Optuna search (``search_params.py``) maximises
-the same number. :class:`MultiWozValidationScore` computes it for the training loop
-(``train.*.select_by: multiwoz_score``), with the conventions of the evaluate stage so a
-selected model's validation score and its test score mean the same:
+Two scores (``train.*.select_by``), each reported under ``valid_score`` with its parts:
 
-- responses: greedy decoding (``pipeline.decode``) of at most the corpus' ``max_response``
-  tokens, specials stripped;
-- BLEU: the HT-Encoder paper's convention (``text.wrapped_bleu``, ``bleu_hier``: the
-  authors' corpus BLEU on whitespace tokens, 0-100) over every decoded turn;
-- Inform/Success: the official scheme the paper reports (``eval.multiwoz``), over the
-  validation dialogues whose every system turn was decoded (``max_eval_batches`` may cut
-  the last one), on a 0-100 scale.
+- ``multiwoz_score`` (:class:`MultiWozValidationScore`): the HT-Encoder authors' criterion.
+  The HIER authors (bsantraigi/HIER, ``main.py``: ``training`` and ``evaluate``) decode the
+  validation dialogues greedily and keep the weights with the best
+  ``BLEU + 0.5 * (Inform + Success)``; their Optuna search (``search_params.py``) maximises
+  the same number. It is computed with the conventions of the evaluate stage, so a selected
+  model's validation score and its test score mean the same:
 
-The authors score every 3 epochs; here the score is computed at every evaluation of the
-loop (``eval_every`` and each epoch's end), under the run's precision and at the loop's
-validation batch sizes (``execution.Evaluation``: on CUDA the largest that fits). On
-several workers each rank decodes every ``world_size``-th batch (every rank at the same
-batch size) and the loop gathers the responses, so every rank computes the same score.
+  - responses: greedy decoding (``pipeline.decode``) of at most the corpus' ``max_response``
+    tokens, specials stripped;
+  - BLEU: the HT-Encoder paper's convention (``text.wrapped_bleu``, ``bleu_hier``: the
+    authors' corpus BLEU on whitespace tokens, 0-100) over every decoded turn;
+  - Inform/Success: the official scheme the paper reports (``eval.multiwoz``), over the
+    validation dialogues whose every system turn was decoded (``max_eval_batches`` may cut
+    the last one), on a 0-100 scale.
+
+  The authors score every 3 epochs; here the score is computed at every evaluation.
+- ``mrr`` (:class:`RankingValidationScore`): a select run's mean reciprocal rank of the
+  true response among each validation example's candidates (``select.n_candidates_eval``
+  of them, as on the test split; ties counted pessimistically, ``eval.ranking``), with
+  R@1 and R@10 beside it: what the evaluate stage scores a ranker on
+  (``eval.selection``). The ranking loss is no stand-in for it: a ranker trains on
+  ``n_candidates_train`` candidates (one true in 10) and validates on 100 (one in 100),
+  so its validation BCE mostly measures how far its prior for "true" is from 1/100, and
+  falls or rises while the ranking does the opposite.
+
+Both are computed at every evaluation of the loop (``eval_every`` and each epoch's end),
+under the run's precision and at the loop's validation batch sizes and limit
+(``execution.Evaluation``: on CUDA the largest that fits). On several workers each rank
+scores every ``world_size``-th batch (every rank at the same batch size) and the loop
+gathers the outputs, so every rank computes the same score.
 """
 
 from __future__ import annotations
@@ -36,7 +48,8 @@ from pipeline.config import CorpusParams, DecodeParams, Selection, TokenizeParam
 from pipeline.data.loader import ExampleDataset, load_vocab, open_split
 from pipeline.data.splits import Split
 from pipeline.data.vocab import Vocab
-from pipeline.eval import text
+from pipeline.eval import ranking, text
+from pipeline.eval.catalogue import MRR, RECALL
 from pipeline.eval.collect import example_id, test_batches
 from pipeline.eval.generation import multiwoz_metrics
 from pipeline.eval.multiwoz import combined_score
@@ -44,7 +57,8 @@ from pipeline.eval.multiwoz_db import MultiWozDB
 from pipeline.execution import Evaluation
 from pipeline.names import Task
 
-SCORE = Selection.MULTIWOZ_SCORE.metric  # the key the loop selects on
+SCORE = Selection.MULTIWOZ_SCORE.metric  # the key the loop selects on (every score's)
+RANKING_RECALLS = (1, 10)  # the R@k reported beside the validation MRR
 
 # One decoded validation example: (``<dialogue id>#<turn>``, response, reference).
 Decoded = tuple[str, str, str]
@@ -129,3 +143,58 @@ class MultiWozValidationScore:
 def _order(example_id: str) -> tuple[str, int]:
     dialogue, turn = example_id.rsplit("#", 1)
     return dialogue, int(turn)
+
+
+# One ranked validation example: (``<dialogue id>#<turn>``, rank of its true response).
+Ranked = tuple[str, int]
+
+
+@dataclass
+class RankingValidationScore:
+    """The mean reciprocal rank of the true response among a select corpus' validation
+    examples' candidates (module docstring). The path is a string and the loaded split is
+    dropped on pickling, so a ``TrainJob`` carrying it ships cheaply to Ray workers."""
+
+    shards: str  # the corpus' tokenize output
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_data"}
+
+    @cached_property
+    def _data(self) -> ExampleDataset:
+        return open_split(Path(self.shards), Task.SELECT, Split.VALID)
+
+    @torch.no_grad()
+    def decode(
+        self, model: nn.Module, rank: int, world_size: int, evaluation: Evaluation
+    ) -> list[Ranked]:
+        """The rank of the true response of each example of this rank's share of the
+        validation batches, scored on ``evaluation``'s policy at its batch sizes."""
+        dataset, policy = self._data, evaluation.policy
+
+        def attempt(size: int, limit: int | None) -> list[Ranked]:
+            out: list[Ranked] = []
+            for i, (examples, batch) in enumerate(test_batches(dataset, size, limit)):
+                if i % world_size != rank:
+                    continue
+                batch = policy.move(batch)
+                with policy.autocast():
+                    logits = model.score(batch).float()
+                real = batch.candidate_mask.any(-1)
+                ranks = ranking.first_correct_ranks(
+                    logits.masked_fill(~real, float("-inf")), batch.labels
+                )
+                out += zip((example_id(e) for e in examples), ranks.cpu().tolist(), strict=True)
+            return out
+
+        return evaluation.run(attempt)
+
+    def score(self, ranked: list[Ranked]) -> dict[str, float]:
+        """``valid_score`` (the MRR), ``valid_mrr`` and ``valid_recall_at_<k>`` from every
+        rank's ranks."""
+        ranks = torch.tensor([r for _, r in sorted(ranked)], dtype=torch.long)
+        mrr = ranking.mrr_from_ranks(ranks)
+        recalls = {
+            f"valid_{RECALL[k].key}": ranking.recall_from_ranks(ranks, k) for k in RANKING_RECALLS
+        }
+        return {SCORE: mrr, f"valid_{MRR.key}": mrr, **recalls}

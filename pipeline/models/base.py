@@ -35,6 +35,11 @@ class ModelConfig(BaseModel):
     vocab_size: int
 
 
+RESIDUAL_INIT_GAIN = 0.01
+"""The default Xavier gain of a residual branch's output projection: every branch starts
+near zero, each layer near the identity. The papers initialise with plain Xavier (gain 1)."""
+
+
 @dataclass(frozen=True)
 class BlockDims:
     """The sizes and dropouts of one Transformer layer, the one value every shared block
@@ -47,7 +52,9 @@ class BlockDims:
     a ``stack.Stack`` adds them), ``attention_output_dropout`` (the attention branch
     before its residual add), ``ffn_dropout`` (the FFN's inner activation and its branch),
     ``qkv_dropout`` (the query, key and value projections; 0: none, no call at all);
-    ``locked``: their masks are one per sequence (``models.dropout.SiteDropout``)."""
+    ``locked``: their masks are one per sequence (``models.dropout.SiteDropout``).
+    ``residual_gain``: the Xavier gain of each residual branch's output projection (the
+    attention's W_O, the FFN's outer layer; ``AttentionModelConfig.residual_init_gain``)."""
 
     d_model: int
     n_heads: int
@@ -61,6 +68,7 @@ class BlockDims:
     attention_output_dropout: float | None = None
     ffn_dropout: float | None = None
     qkv_dropout: float = 0.0
+    residual_gain: float = RESIDUAL_INIT_GAIN
 
     @property
     def attention_dropout_p(self) -> float:
@@ -100,6 +108,15 @@ class AttentionModelConfig(ModelConfig):
     n_heads: int = Field(ge=1)
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float | None = Field(None, ge=0.0, lt=1.0)
+    residual_init_gain: float = Field(
+        RESIDUAL_INIT_GAIN,
+        gt=0.0,
+        le=1.0,
+        description="Xavier gain of each residual branch's output projection (attention "
+        "W_O, FFN outer): 0.01 starts every branch near zero; 1 is the papers' plain Xavier, "
+        "under which an encoder-decoder's cross-attention carries the history from the "
+        "first step (at 0.01 a small one's encoder collapses to one vector: README)",
+    )
 
     @model_validator(mode="after")
     def _heads_fit_width(self) -> Self:
@@ -127,6 +144,7 @@ class AttentionModelConfig(ModelConfig):
             d_head=getattr(self, "d_head", None),
             congruent=getattr(self, "congruent", False),
             attention_dropout=self.attention_dropout,
+            residual_gain=self.residual_init_gain,
         )
         return dataclasses.replace(dims, **changes)
 

@@ -42,8 +42,11 @@ class EncoderLayer(nn.Module):
             dropout=dims.attention_dropout_p,
             congruent=dims.congruent,
             qkv_dropout=SiteDropout(dims.qkv_dropout, dims.locked) if dims.qkv_dropout else None,
+            output_gain=dims.residual_gain,
         )
-        self.ffn = FeedForward(dims.d_model, dims.d_ff, dims.ffn_p, locked=dims.locked)
+        self.ffn = FeedForward(
+            dims.d_model, dims.d_ff, dims.ffn_p, locked=dims.locked, output_gain=dims.residual_gain
+        )
         self.norm_attn = nn.LayerNorm(dims.d_model)
         self.norm_ffn = nn.LayerNorm(dims.d_model)
         self.attn_dropout = SiteDropout(dims.attention_output_p, dims.locked)
@@ -94,12 +97,14 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, dims: BlockDims, d_memory: int | None = None) -> None:
         super().__init__()
-        d, p_attn = dims.d_model, dims.attention_dropout_p
-        self.self_attn = MultiHeadAttention(d, dims.n_heads, dims.d_head, dropout=p_attn)
-        self.cross_attn = MultiHeadAttention(
-            d, dims.n_heads, dims.d_head, d_kv=d_memory, dropout=p_attn
+        d, p_attn, gain = dims.d_model, dims.attention_dropout_p, dims.residual_gain
+        self.self_attn = MultiHeadAttention(
+            d, dims.n_heads, dims.d_head, dropout=p_attn, output_gain=gain
         )
-        self.ffn = FeedForward(d, dims.d_ff, dims.dropout)
+        self.cross_attn = MultiHeadAttention(
+            d, dims.n_heads, dims.d_head, d_kv=d_memory, dropout=p_attn, output_gain=gain
+        )
+        self.ffn = FeedForward(d, dims.d_ff, dims.dropout, output_gain=gain)
         self.norm_self = nn.LayerNorm(d)
         self.norm_cross = nn.LayerNorm(d)
         self.norm_ffn = nn.LayerNorm(d)

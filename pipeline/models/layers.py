@@ -22,11 +22,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pipeline.models.base import select_batch_dim
+from pipeline.models.base import RESIDUAL_INIT_GAIN, select_batch_dim
 from pipeline.models.dropout import SiteDropout, drop_word_types
 from pipeline.models.flex import FlexMask
-
-OUTPUT_GAIN = 0.01
 
 
 def xavier_(linear: nn.Linear, gain: float = 1.0) -> nn.Linear:
@@ -150,6 +148,7 @@ class MultiHeadAttention(nn.Module):
         congruent: bool = False,
         bias: bool = True,
         qkv_dropout: nn.Module | None = None,
+        output_gain: float = RESIDUAL_INIT_GAIN,
     ) -> None:
         super().__init__()
         self.qkv_dropout = qkv_dropout
@@ -171,7 +170,7 @@ class MultiHeadAttention(nn.Module):
         self.q_proj = xavier_(nn.Linear(d_query, inner, bias=bias))
         self.k_proj = self.q_proj if congruent else xavier_(nn.Linear(d_kv, inner, bias=bias))
         self.v_proj = xavier_(nn.Linear(d_kv, inner, bias=bias))
-        self.out_proj = xavier_(nn.Linear(inner, d_out, bias=bias), gain=OUTPUT_GAIN)
+        self.out_proj = xavier_(nn.Linear(inner, d_out, bias=bias), gain=output_gain)
 
     def _drop(self, projected: Tensor) -> Tensor:
         return projected if self.qkv_dropout is None else self.qkv_dropout(projected)
@@ -300,12 +299,13 @@ class FeedForward(nn.Module):
         dropout: float = 0.0,
         d_out: int | None = None,
         locked: bool = False,
+        output_gain: float = RESIDUAL_INIT_GAIN,
     ):
         super().__init__()
         self.inner = nn.Linear(d_model, d_ff)
         nn.init.kaiming_uniform_(self.inner.weight, nonlinearity="relu")
         nn.init.zeros_(self.inner.bias)
-        self.outer = xavier_(nn.Linear(d_ff, d_model if d_out is None else d_out), OUTPUT_GAIN)
+        self.outer = xavier_(nn.Linear(d_ff, d_model if d_out is None else d_out), output_gain)
         self.dropout = SiteDropout(dropout, locked)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -53,6 +53,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from pipeline.models.base import RESIDUAL_INIT_GAIN
 from pipeline.models.layers import FeedForward, MultiHeadAttention, xavier_
 from pipeline.models.registry import register
 from pipeline.models.seq2seq import EncoderDecoder, EncoderDecoderConfig, EncoderMemory
@@ -218,6 +219,7 @@ class UNetLayer(nn.Module):
         conv: bool,
         resample: Resample,
         attention_dropout: float | None = None,
+        output_gain: float = RESIDUAL_INIT_GAIN,
     ) -> None:
         super().__init__()
         if not conv and (d_in != d_out or resample is not Resample.NONE):
@@ -228,8 +230,10 @@ class UNetLayer(nn.Module):
         # The conv module's residual exists only where the layer keeps its size.
         self.conv_residual = conv and d_in == d_out and resample is Resample.NONE
         p_attn = dropout if attention_dropout is None else attention_dropout
-        self.attn = MultiHeadAttention(d_out, n_heads, d_head, d_kv=d_in, dropout=p_attn)
-        self.ffn = FeedForward(d_out, d_ff, dropout)
+        self.attn = MultiHeadAttention(
+            d_out, n_heads, d_head, d_kv=d_in, dropout=p_attn, output_gain=output_gain
+        )
+        self.ffn = FeedForward(d_out, d_ff, dropout, output_gain=output_gain)
         self.norm_attn = nn.LayerNorm(d_out)
         self.norm_ffn = nn.LayerNorm(d_out)
         self.dropout = nn.Dropout(dropout)
@@ -273,6 +277,7 @@ class UNetEncoder(nn.Module):
                 c.conv,
                 resamples[i],
                 c.attention_dropout_p,
+                c.residual_init_gain,
             )
             for i in range(c.n_layers)
         )

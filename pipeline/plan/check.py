@@ -17,7 +17,8 @@ corpora, so it lives above them, and ``pipeline.config`` stays a leaf.
   ``lr``); ``compile: on`` names a model that can compile;
 - every run's global ``batch_size`` divides by ``train.scale.num_workers``, and its
   ``batch_tokens`` gives each worker at least a token;
-- ``select_by: multiwoz_score`` only for generate models on a task-oriented corpus;
+- ``select_by: multiwoz_score`` only for generate models on a task-oriented corpus,
+  ``select_by: mrr`` only for select models;
 - ``tune.spaces.<m>.model`` searches fields of that config; a tuned run has no
   ``overrides`` (which only train runs read: they would be silently ignored).
 - ``word_vectors`` (``train.defaults``, ``train.models.<m>``, run overrides) names a file.
@@ -217,19 +218,25 @@ def _check_run(params: Params, where: str, target: RunTarget, known: list[str]) 
 
 def _check_selection(params: Params, target: RunTarget, task: Task) -> None:
     """``select_by: multiwoz_score`` decodes responses and scores them against MultiWOZ's
-    goals: a generate model on a task-oriented corpus only."""
+    goals: a generate model on a task-oriented corpus only. ``select_by: mrr`` ranks
+    candidates: a select model only."""
     train, model, corpus = params.train, target.model, target.corpus
     select = train.run(model, corpus, target.variant).select_by
-    if select != Selection.MULTIWOZ_SCORE:
+    if select is Selection.VALID_LOSS:
         return
-    if task is Task.GENERATE and _spec(params, corpus).task_oriented:
-        return
+    if select is Selection.MULTIWOZ_SCORE:
+        if task is Task.GENERATE and _spec(params, corpus).task_oriented:
+            return
+        what = "multiwoz_score scores MultiWOZ responses"
+    else:
+        if task is Task.SELECT:
+            return
+        what = "mrr ranks a select model's candidates"
     key = run_key(model, corpus, target.variant)
     raise ConfigError(
         train.source(key, model, "select_by"),
-        f"multiwoz_score scores MultiWOZ responses, but run {key} is a "
-        f"{task} model on {corpus}: select it by valid_loss (set it per run under "
-        "train.runs.<run>.overrides)",
+        f"{what}, but run {key} is a {task} model on {corpus}: select it by valid_loss "
+        "(set it per run under train.runs.<run>.overrides)",
     )
 
 

@@ -1,5 +1,6 @@
-"""Assemble ``reports/``: ``report.md`` (overview, paper-shaped tables, figures),
-``tables.json`` and the PNG figures; ``plots/valid_loss.csv`` and
+"""Assemble ``reports/``: ``report.md`` (overview, paper-shaped tables, diagnostics,
+figures) and ``tables.json``, git-tracked like the metrics, and the PNG figures in
+``reports/figures/`` (DVC-cached); ``plots/valid_loss.csv`` and
 ``plots/valid_ranking_loss.csv`` (validation loss per step of every run, for ``dvc plots
 show``: git-tracked like the metrics, so each commit and DVC experiment holds its curves);
 log the report as artifacts of a run in the MLflow experiment ``<prefix>-report``.
@@ -42,6 +43,9 @@ from pipeline.report.tables import Table, bleu_note, build_tables, table_json
 
 REPORT_FILE = "report.md"
 TABLES_FILE = "tables.json"
+# report.md and tables.json are text, committed with git as the metrics are (dvc.yaml:
+# cache: false); the PNG figures live in this folder beside them, in the DVC cache.
+FIGURES_DIR = "figures"
 VALID_LOSS_KEY = "valid_loss"  # what the train loop logs at each evaluation
 # dvc.yaml's `plots:` reads these files with the .dvc/plots/by_run.json template: one panel
 # and one line per value of RUN_COLUMN. A file per loss, so each has its own y label:
@@ -173,7 +177,7 @@ def make_figures(
     curves: list[plots.Curve] | None = None,
     chance: dict[str, float] | None = None,
 ) -> Figures:
-    """Every figure under ``out`` and the curves' table (``curves``: the runs' validation
+    """Every figure under ``out/figures`` and the curves' table (``curves``: the runs' validation
     histories, read from MLflow when not given; ``chance[corpus]``: the chance level of
     the select headline metric)."""
     if curves is None:
@@ -183,6 +187,8 @@ def make_figures(
     write_curves_csv(ranking, root / RANKING_CURVES_FILE, RANKING_LOSS_KEY)
     generate = [r for r in runs if r.task is Task.GENERATE]
     example = mask_example(params, root)
+    out = out / FIGURES_DIR
+    out.mkdir(parents=True, exist_ok=True)
     return Figures(
         learning_curves=plots.learning_curves(curves, out / "learning_curves.png"),
         metric_bars=plots.metric_bars(runs, out / "metrics.png", chance),
@@ -444,7 +450,7 @@ def log_to_mlflow(
     try:
         tracker.log_artifact(out / REPORT_FILE)
         tracker.log_dict({"tables": [table_json(t) for t in tables]}, TABLES_FILE)
-        for png in sorted(out.glob("*.png")):
+        for png in sorted((out / FIGURES_DIR).glob("*.png")):
             tracker.log_artifact(png, "figures")
         tracker.end()
     except BaseException:

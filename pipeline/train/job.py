@@ -19,7 +19,7 @@ from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.splits import Split
 from pipeline.data.streams import Unit
 from pipeline.errors import ConfigError
-from pipeline.eval.validation_score import MultiWozValidationScore
+from pipeline.eval.validation_score import MultiWozValidationScore, RankingValidationScore
 from pipeline.models import registry
 from pipeline.models.base import ModelConfig
 from pipeline.models.word_vectors import WordVectors, copy_into, token_embeddings
@@ -152,10 +152,12 @@ def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
     )
 
 
-def validation_score(plan: RunPlan) -> MultiWozValidationScore | None:
+def validation_score(plan: RunPlan) -> MultiWozValidationScore | RankingValidationScore | None:
     """The score a run selects on (``select_by``); None when it is the loss."""
     knobs = plan.knobs
-    if knobs.select_by != Selection.MULTIWOZ_SCORE:
+    if knobs.select_by is Selection.MRR:
+        return RankingValidationScore(shards=str(plan.shards))
+    if knobs.select_by is not Selection.MULTIWOZ_SCORE:
         return None
     return MultiWozValidationScore(
         shards=str(plan.shards),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from pipeline.artifacts import SavedModel
 from pipeline.config import Precision, parse_params
@@ -20,7 +21,7 @@ from pipeline.data.shards import read_manifest
 from pipeline.data.splits import Split
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.eval.collect import example_id
-from pipeline.eval.validation_score import MultiWozValidationScore
+from pipeline.eval.validation_score import MultiWozValidationScore, RankingValidationScore
 from pipeline.execution import Evaluation, ExecutionPolicy
 from pipeline.models import registry
 from pipeline.plan import RunRequest, checked, plan_training
@@ -231,3 +232,89 @@ def test_a_search_on_the_score_records_its_best_trials_score(
     assert len(scores) == 2 and best.valid_score == pytest.approx(max(scores), abs=5e-3)
     # the record holds the trial's widths: the sampled size per head times its heads
     assert best.config["d_model"] % best.config["n_heads"] == 0 and "per_head" not in best.config
+
+
+# --------------------------------------------------------------------------- ranking (mrr)
+
+
+class _Oracle(torch.nn.Module):
+    """Scores each candidate by its label times ``sign``: +1 ranks the true response
+    first; -1 ranks it last among the example's real candidates."""
+
+    def __init__(self, sign: float) -> None:
+        super().__init__()
+        self.sign = sign
+
+    def score(self, batch):
+        return self.sign * batch.labels.float()
+
+
+def test_the_ranking_score_is_the_mrr_and_recalls_of_the_ranks() -> None:
+    """Hand-computed: ranks 1, 2, 5, 20 have MRR (1 + 1/2 + 1/5 + 1/20) / 4 = 0.4375,
+    R@1 1/4, R@10 3/4; the order the ranks come in (from several ranks) does not count."""
+    score = RankingValidationScore(shards="never-opened")
+    ranked = [("d#3", 20), ("a#1", 1), ("b#2", 2), ("c#1", 5)]
+    got = score.score(ranked)
+    assert got == {
+        "valid_score": pytest.approx(0.4375),
+        "valid_mrr": pytest.approx(0.4375),
+        "valid_recall_at_1": pytest.approx(0.25),
+        "valid_recall_at_10": pytest.approx(0.75),
+    }
+    assert score.score(ranked[::-1]) == got
+
+
+def test_the_ranking_score_ranks_the_valid_splits_candidates_in_shares(tokenized_tiny) -> None:
+    """On the tiny project's select valid split (10 candidates an example, as its test
+    split): the true response scored highest ranks 1 for every example; scored lowest, it
+    ranks after every other real candidate; two ranks score disjoint halves of the whole."""
+    shards = tokenized_tiny / "data" / "shards" / "chitchat"
+    valid = open_split(shards, "select", Split.VALID)
+    score = RankingValidationScore(shards=str(shards))
+    best = score.decode(_Oracle(1.0), 0, 1, on_cpu(4))
+    assert [i for i, _ in best] == [example_id(valid[i]) for i in range(len(valid))]
+    assert {r for _, r in best} == {1} and score.score(best)["valid_score"] == 1.0
+    worst = dict(score.decode(_Oracle(-1.0), 0, 1, on_cpu(4)))
+    n_real = {example_id(e): len(e.candidate_ids) for e in (valid[i] for i in range(len(valid)))}
+    assert worst == n_real and set(worst.values()) == {10}
+    assert score.score(list(worst.items()))["valid_mrr"] == pytest.approx(0.1)
+    shares = [score.decode(_Oracle(-1.0), rank, 2, on_cpu(4)) for rank in (0, 1)]
+    assert sorted(shares[0] + shares[1]) == sorted(worst.items())
+    assert not {i for i, _ in shares[0]} & {i for i, _ in shares[1]}
+    # the loaded split stays behind when a job ships to Ray workers
+    shipped = pickle.loads(pickle.dumps(score))
+    assert "_data" not in shipped.__dict__
+    assert dict(shipped.decode(_Oracle(-1.0), 0, 1, on_cpu(4))) == worst
+
+
+@pytest.mark.slow
+def test_a_ranker_selected_on_the_mrr_keeps_its_best_validation(tokenized_tiny, tmp_path):
+    """A tiny ranker trained with ``select_by: mrr``: its exported weights score the
+    recorded ``best_valid_score`` on the validation split again, and no worse than its
+    final weights."""
+    from pipeline.models.saved import load_model
+    from pipeline.train.checkpoint import TrainingState
+    from pipeline.train.job import validation_score
+    from pipeline.train.training import train_plan
+
+    root = tmp_path / "p"
+    shutil.copytree(tokenized_tiny / "data" / "shards", root / "data" / "shards")
+    raw = yaml.safe_load((tokenized_tiny / "params.yaml").read_text())
+    raw["train"]["models"]["transformer_ranker"]["select_by"] = "mrr"
+    raw["train"]["runs"] = {
+        "transformer_ranker-chitchat": {"model": "transformer_ranker", "corpus": "chitchat"}
+    }
+    raw["tracking"] = {"enabled": False}
+    plan = plan_training(RunRequest.of(checked(raw), "transformer_ranker-chitchat"), root)
+    score = validation_score(plan)
+    assert score == RankingValidationScore(shards=str(plan.shards))
+    seed = train_plan(plan, show_progress=False)
+    best = seed.metrics["best_valid_score"]
+    assert seed.metrics["best_step"] in (2.0, 4.0) and 0.0 < best <= 1.0
+    evaluation = ExecutionPolicy.for_evaluation(Precision.AUTO, CPU).evaluation(
+        plan.knobs.validation_batch_size, plan.knobs.validation_limit
+    )
+    kept = load_model(plan.model_file).eval()
+    assert score.score(score.decode(kept, 0, 1, evaluation))["valid_score"] == best
+    kept.load_state_dict(TrainingState.read(root / seed.run_checkpoint).model)
+    assert score.score(score.decode(kept, 0, 1, evaluation))["valid_score"] <= best

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from pipeline.models.base import RESIDUAL_INIT_GAIN as OUTPUT_GAIN
 from pipeline.models.base import BlockDims, count_parameters
 from pipeline.models.blocks import Decoder, EncoderLayer
 from pipeline.models.layers import (
-    OUTPUT_GAIN,
     FeedForward,
     KVCache,
     MultiHeadAttention,
@@ -297,6 +297,42 @@ def test_segment_embedding_shares_its_last_row_past_the_table() -> None:
 def _xavier_bound(linear: nn.Linear) -> float:
     fan_out, fan_in = linear.weight.shape
     return math.sqrt(6.0 / (fan_in + fan_out))
+
+
+@pytest.mark.parametrize("name", ["transformer", "unet", "hier", "transformer_ranker", "gpt"])
+@pytest.mark.parametrize("gain", [OUTPUT_GAIN, 1.0])
+def test_residual_init_gain_sets_every_residual_branchs_output_projection(name, gain) -> None:
+    """``residual_init_gain`` reaches every attention W_O and FFN outer layer of a model's
+    Transformer layers (encoder, decoder's self- and cross-attention, U-Net layers): their
+    weights span that gain times the Xavier bound, and nothing else is scaled."""
+    from pipeline.models import registry
+    from pipeline.models.selection import HighwayAttention
+
+    torch.manual_seed(0)
+    model = registry.build(name, 300, residual_init_gain=gain, **SMALL[name])
+    highway = {id(m.mha) for m in model.modules() if isinstance(m, HighwayAttention)}
+    projections = [
+        *(
+            m.out_proj
+            for m in model.modules()
+            if isinstance(m, MultiHeadAttention)
+            if id(m) not in highway
+        ),
+        *(m.outer for m in model.modules() if isinstance(m, FeedForward)),
+    ]
+    assert len(projections) >= 2
+    for linear in projections:
+        bound = _xavier_bound(linear)
+        assert 0.9 * gain * bound < linear.weight.abs().max() <= gain * bound
+
+
+SMALL = {
+    "transformer": {"d_model": 16, "n_heads": 2, "d_head": 8, "d_ff": 32},
+    "unet": {"d_model": 16, "n_layers": 4, "n_heads": 2, "d_head": 8, "d_ff": 32},
+    "hier": {"d_model": 16, "n_heads": 2, "d_ff": 32},
+    "transformer_ranker": {"d_embed": 16, "d_model": 16, "n_heads": 2, "d_ff": 32},
+    "gpt": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+}
 
 
 def test_initialisation_gains() -> None:

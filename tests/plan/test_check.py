@@ -252,6 +252,23 @@ def test_selecting_on_the_multiwoz_score_needs_a_multiwoz_generate_run(tiny: dic
     assert bleu.value.key == "train.defaults.select_by" and "valid_loss" in bleu.value.reason
 
 
+def test_selecting_on_the_mrr_needs_a_select_run(tiny: dict) -> None:
+    """``select_by: mrr`` ranks candidates: a generate or lm run is refused by its key."""
+    err = _error(with_value(tiny, "train.defaults.select_by", "mrr"))
+    assert err.key == "train.defaults.select_by"
+    assert "mrr ranks a select model's candidates" in err.reason
+    assert "but run transformer-chitchat is a generate model on chitchat" in err.reason
+    ranker = "train.models.transformer_ranker.select_by"
+    assert (
+        checked(with_value(tiny, ranker, "mrr"))
+        .train.run("transformer_ranker", "chitchat")
+        .select_by
+        == "mrr"
+    )
+    run = "train.runs.gpt-chitchat.overrides.select_by"
+    assert _error(with_value(tiny, run, "mrr")).key == run
+
+
 def test_a_variant_selected_on_the_multiwoz_score_names_its_own_key(tiny: dict) -> None:
     """A variant key may hold dots (``l1.5``): the error names the run's own overrides."""
     raw = copy.deepcopy(tiny)

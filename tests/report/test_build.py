@@ -73,8 +73,8 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     assert "In the paper (U-Net paper, Table 2; PersonaChat" in text
     out = root / "reports"
     for name in ("learning_curves", "metrics", "length_vs_loss", "attention_masks", "unet_widths"):
-        assert f"]({name}.png)" in text
-        assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert f"](figures/{name}.png)" in text
+        assert (out / "figures" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     # one long table for `dvc plots show`; unet has no MLflow run, so no curve
     with (root / "plots" / "valid_loss.csv").open() as f:
         assert list(csv.reader(f)) == [
