@@ -24,6 +24,16 @@ The final stages (``--final``, default: the graph's sinks) and everything downst
 them are left to a closing plain ``dvc repro``, as are always-changed stages (``dvc repro``
 would run them once more): that run then finds nothing else to do. ``--jobs 1`` is a plain
 ``dvc repro``. Start/end times of every process run land in ``.dvc/tmp/repro-times.json``.
+
+Each stage runs in its own session, so a terminal's Ctrl-C (SIGINT), a Slurm cancel
+(SIGTERM) or a closed terminal (SIGHUP) reaches the driver alone. With ``--jobs`` > 1 all
+three stop the run the same way: SIGTERM and SIGHUP raise :class:`Interrupted`, a
+``KeyboardInterrupt``, so :func:`interrupt` relays SIGINT to every stage's process group
+(the stage stops as on Ctrl-C: DVC ignores SIGINT while the stage command runs, the
+command gets ``KeyboardInterrupt``), waits ``GRACE_S`` and then SIGKILLs what is left (a
+second signal: at once). The driver then exits 128 + the signal's number, as a shell
+reports a process that signal ended (SIGHUP 129, SIGINT 130, SIGTERM 143). A signal
+ignored when the driver starts (``nohup``: SIGHUP) stays ignored.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +64,45 @@ Record = dict[str, object]  # one process run in repro-times.json
 
 
 def say(text: str) -> None:
-    """Print one line atomically with respect to the children's output threads."""
-    with _PRINT:
+    """Print one line atomically with respect to the children's output threads. A closed
+    stdout (a hung-up terminal: EIO; a closed pipe: EPIPE) loses the line and nothing else:
+    the stages' pipes are still drained and a stop is still relayed."""
+    with _PRINT, contextlib.suppress(OSError):
         print(text, flush=True)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises ``KeyboardInterrupt``: one stop path."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def signal_number(stop: KeyboardInterrupt) -> int:
+    """The signal behind ``stop``: SIGINT for a plain ``KeyboardInterrupt`` (Ctrl-C)."""
+    return stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """For the block, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (as
+    SIGINT raises ``KeyboardInterrupt``); the previous handlers come back afterwards. A
+    signal already ignored (``nohup``) stays ignored; off the main thread nothing changes."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)
@@ -166,7 +213,8 @@ class Child:
 
 
 def interrupt(children: list[Child]) -> None:
-    """Relay Ctrl-C to every child group; SIGKILL what is left after ``GRACE_S`` (or 2nd ^C)."""
+    """Relay SIGINT (Ctrl-C; SIGTERM, SIGHUP) to every child group; SIGKILL what is left
+    after ``GRACE_S`` or at a second signal."""
     for child in children:
         child.send(signal.SIGINT)
     deadline = time.time() + GRACE_S
@@ -181,7 +229,8 @@ def interrupt(children: list[Child]) -> None:
 
 
 def run_stages(plan: Plan, jobs: int, records: list[Record]) -> int:
-    """Run ``plan.order`` at most ``jobs`` at a time; 0, the first failure's code, or 130."""
+    """Run ``plan.order`` at most ``jobs`` at a time; 0, the first failure's code, or 128 +
+    the signal that stopped the run (:func:`stop_on_signals`)."""
     pending, done, total = list(plan.order), set[str](), len(plan.order)
     running: dict[str, Child] = {}
     failed: list[Child] = []
@@ -196,8 +245,9 @@ def run_stages(plan: Plan, jobs: int, records: list[Record]) -> int:
                 say(f"started {name} ({len(running)} running, {len(done)}/{total} done)")
             if not running:
                 break
-            child = running.pop(finished.get())
-            code = child.wait()
+            child = running[finished.get()]
+            code = child.wait()  # still in `running` until reaped: a stop meanwhile reaches it
+            del running[child.label]
             records.append(child.record())
             if code == 0:
                 done.add(child.label)
@@ -205,11 +255,13 @@ def run_stages(plan: Plan, jobs: int, records: list[Record]) -> int:
             else:
                 failed.append(child)
                 say(f"FAILED {child.label} (exit {code}) in {child.end - child.start:.1f} s")
-    except KeyboardInterrupt:
-        say(f"interrupted: stopping {', '.join(running) or 'nothing'}")
+    except KeyboardInterrupt as stop:
+        signum = signal_number(stop)
+        name = signal.Signals(signum).name
+        say(f"interrupted ({name}): stopping {', '.join(running) or 'nothing'}")
         interrupt(list(running.values()))
         records.extend(child.record() for child in running.values())
-        return 130
+        return 128 + signum
     if failed:
         first = failed[0]
         say(f"stage {first.label} failed (exit {first.proc.returncode}); last lines:")
@@ -246,9 +298,9 @@ def run_final(jobs: int, records: list[Record]) -> int:
         try:
             ended.get()
             code = child.wait()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             interrupt([child])
-            code = -signal.SIGINT
+            code = -signal_number(stop)
         say(f"done dvc repro (exit {exit_code(code)}) in {child.end - child.start:.1f} s")
         repro = child.record()
     write_times(jobs, records, repro)
@@ -297,10 +349,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pipeline.gpu_share import run_instance  # torch and Ray: not for --help
 
-    with run_instance(args.jobs):  # the stages' one Ray instance on a GPU machine
-        if plan is None:  # a plain `dvc repro`: today's behaviour
+    if plan is None:  # a plain `dvc repro` in our process group: today's behaviour
+        with run_instance(args.jobs):
             return run_final(1, [])
-        return run_plan(plan, args.jobs)
+    try:
+        with stop_on_signals(), run_instance(args.jobs):  # one Ray instance on a GPU machine
+            return run_plan(plan, args.jobs)
+    except Interrupted as stop:  # while no stage ran (the Ray instance starting or stopping)
+        return 128 + stop.signum
 
 
 def run_plan(plan: Plan, jobs: int) -> int:
