@@ -230,9 +230,11 @@ def conventions(
     if Task.SELECT in tasks:
         lines.append(
             f"- {VALID_RANKING_LABEL} (select): the validation loss of the kept weights, "
-            "the ranking loss the rankers train on: binary cross-entropy of each "
-            "candidate's score against its label (1: the true response), averaged over "
-            "the candidates. Not comparable with a cross-entropy per token."
+            "the ranking loss the ranker trains on (its `model.loss`): `bce`, binary "
+            "cross-entropy of each candidate's score against its label (1: the true "
+            "response) averaged over the candidates, or `lse`, the smooth max-margin loss "
+            "per example. Comparable only between rankers of the same loss, never with a "
+            "cross-entropy per token."
         )
     if tasks & {Task.GENERATE, Task.LM}:
         lines.append(

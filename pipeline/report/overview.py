@@ -4,8 +4,9 @@ table of the report uses.
 
 The validation loss is not one quantity: generate and lm runs validate on token
 cross-entropy (nats per target token), select runs on the ranking loss their training
-minimises (``models.base.candidate_bce``: binary cross-entropy of each candidate's score
-against its label, averaged over the candidates, nats per candidate). Each has its own
+minimises (their ``model.loss``: ``bce``, ``models.base.candidate_bce``, binary
+cross-entropy of each candidate's score against its label averaged over the candidates,
+nats per candidate; ``lse``, the smooth max-margin loss per example). Each task has its own
 column, so that no number sits under another's unit.
 """
 
@@ -19,7 +20,7 @@ from pipeline.names import Task
 from pipeline.report.results import Estimate, RunResult
 
 VALID_CE_LABEL = "Valid CE (nats/token)"
-VALID_RANKING_LABEL = "Valid ranking loss (BCE, nats/candidate)"
+VALID_RANKING_LABEL = "Valid ranking loss (nats)"
 
 
 def valid_loss_label(task: Task) -> str:

@@ -31,7 +31,7 @@ DPI = 110
 AXIS_LABELS = {
     Task.GENERATE: "cross-entropy (nats/token)",
     Task.LM: "cross-entropy (nats/token)",
-    Task.SELECT: "ranking loss (BCE, nats/candidate)",
+    Task.SELECT: "ranking loss (nats: the ranker's model.loss)",
 }
 
 

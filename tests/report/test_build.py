@@ -64,7 +64,7 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     assert "chitchat: BLEU: sacrebleu corpus BLEU (0-100), case-sensitive" in text
     assert "Signature `nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in text
     # the validation losses by their unit; the degenerate responses named
-    assert "| Valid CE (nats/token) | Valid ranking loss (BCE, nats/candidate) |" in text
+    assert "| Valid CE (nats/token) | Valid ranking loss (nats) |" in text
     assert '`transformer-chitchat`: greedy decoding collapsed: "hi there" is 100%' in text
     # the samples: the reference and each model's response
     assert "## Samples" in text and "| unet | hi there |" in text
