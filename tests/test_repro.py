@@ -91,15 +91,22 @@ def repro(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run(project, sys.executable, "-m", "pipeline.repro", *args)
 
 
-def make_project(root: Path) -> Path:
-    """``git init`` + ``dvc init`` + the toy pipeline, DVC's per-repo cache dirs kept inside."""
+def make_project(
+    root: Path,
+    dvc_yaml: str = DVC_YAML,
+    scripts: dict[str, str] | None = None,
+    ignored: tuple[str, ...] = ("/runs.jsonl", "/fail-*"),
+) -> Path:
+    """``git init`` + ``dvc init`` + a toy pipeline (default: this module's), its stage
+    ``scripts`` by file name, DVC's per-repo cache dirs kept inside."""
     root.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)
     dvc(root, "init", "-q")
     dvc(root, "config", "--local", "core.site_cache_dir", str(root / ".site-cache"))
-    (root / ".gitignore").write_text("/.site-cache\n/runs.jsonl\n/fail-*\n")
-    (root / "dvc.yaml").write_text(DVC_YAML)
-    (root / "stage.py").write_text(STAGE_PY)
+    (root / ".gitignore").write_text("".join(f"{p}\n" for p in ("/.site-cache", *ignored)))
+    (root / "dvc.yaml").write_text(dvc_yaml)
+    for name, text in (scripts or {"stage.py": STAGE_PY}).items():
+        (root / name).write_text(text)
     return root
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.repro import Interrupted, stop_on_signals
-from tests.test_repro import dvc, env
+from tests.test_repro import env, make_project
 
 ITEMS = ["a", "b"]
 START_S = 60.0  # two DVC processes starting on a loaded 2-core machine
@@ -61,17 +61,6 @@ os.replace(f"pid-{item}.tmp", f"pid-{item}")  # the handler is in place once thi
 while True:
     time.sleep(60)
 """
-
-
-def make_project(root: Path) -> Path:
-    root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
-    dvc(root, "init", "-q")
-    dvc(root, "config", "--local", "core.site_cache_dir", str(root / ".site-cache"))
-    (root / ".gitignore").write_text("/.site-cache\n/pid-*\n/stopped-*\n")
-    (root / "dvc.yaml").write_text(DVC_YAML)
-    (root / "quiet.py").write_text(QUIET_PY)
-    return root
 
 
 def alive(pid: int) -> bool:
@@ -121,7 +110,9 @@ def test_a_signal_to_the_driver_stops_every_quiet_stage_cleanly(
     as it does on Ctrl-C (SIGINT, relayed before issue 48 too: the same path).
     For SIGHUP the driver's stdout is closed first, as a hung-up terminal's is: its own
     "interrupted" line then fails to print, and the relay must still happen."""
-    project = make_project(tmp_path / "p")
+    project = make_project(
+        tmp_path / "p", DVC_YAML, {"quiet.py": QUIET_PY}, ("/pid-*", "/stopped-*")
+    )
     driver = subprocess.Popen(
         [sys.executable, "-m", "pipeline.repro", "--jobs", "2"],
         cwd=project,
