@@ -65,10 +65,17 @@ Record = dict[str, object]  # one process run in repro-times.json
 
 def say(text: str) -> None:
     """Print one line atomically with respect to the children's output threads. A closed
-    stdout (a hung-up terminal: EIO; a closed pipe: EPIPE) loses the line and nothing else:
-    the stages' pipes are still drained and a stop is still relayed."""
-    with _PRINT, contextlib.suppress(OSError):
-        print(text, flush=True)
+    stdout (a hung-up terminal: EIO; a closed pipe: EPIPE) loses its lines and nothing else:
+    the stages' pipes are still drained, a stop is still relayed, the exit status kept."""
+    with _PRINT:
+        try:
+            print(text, flush=True)
+        except OSError:
+            # Later lines, and Python's flush of what this one left buffered, go to the null
+            # device: a flush that fails at exit would turn the exit status into 120.
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, sys.stdout.fileno())
+            os.close(null)
 
 
 class Interrupted(KeyboardInterrupt):

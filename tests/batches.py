@@ -33,13 +33,12 @@ _WORD = re.compile(r"[a-z0-9']+|[^\sa-z0-9']")
 
 
 @cache
-def shared_data_dir() -> Path:
-    """The real corpora mirror: ``$HIERTX_TEST_DATA``, else ``shared/data`` beside this
-    checkout or, for a clone of a local repository (a fresh CI clone), beside its origin.
-    Without a mirror, the first candidate (for the error message)."""
-    if "HIERTX_TEST_DATA" in os.environ:
-        return Path(os.environ["HIERTX_TEST_DATA"])
-    candidates = [REPO.parent / "shared" / "data"]
+def shared_dir(entry: str, marker: str) -> Path:
+    """``shared/<entry>``, the folder the project's tests read real data from: beside this
+    checkout or, for a clone of a local repository (a fresh CI clone), beside its origin;
+    the first that holds ``marker``. Without one, the first candidate (for the error
+    message)."""
+    candidates = [REPO.parent / "shared" / entry]
     origin = subprocess.run(
         ["git", "-C", str(REPO), "config", "--get", "remote.origin.url"],
         capture_output=True,
@@ -47,9 +46,17 @@ def shared_data_dir() -> Path:
         check=False,
     ).stdout.strip()
     if origin and Path(origin).is_dir():
-        candidates.append(Path(origin).resolve().parent / "shared" / "data")
-    found = [path for path in candidates if (path / "MANIFEST.tsv").is_file()]
+        candidates.append(Path(origin).resolve().parent / "shared" / entry)
+    found = [path for path in candidates if (path / marker).is_file()]
     return (found or candidates)[0]
+
+
+def shared_data_dir() -> Path:
+    """The real corpora mirror: ``$HIERTX_TEST_DATA``, else ``shared/data``
+    (:func:`shared_dir`)."""
+    if "HIERTX_TEST_DATA" in os.environ:
+        return Path(os.environ["HIERTX_TEST_DATA"])
+    return shared_dir("data", "MANIFEST.tsv")
 
 
 def _pad(rows: list[list[int]], length: int | None = None) -> tuple[Tensor, Tensor]:

@@ -30,6 +30,8 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.batches import shared_dir
+
 REPO = Path(__file__).resolve().parents[2]
 KUBERAY = REPO / "infra" / "kuberay"
 CRD_VERSION = "v1.7.0"
@@ -52,11 +54,11 @@ def pods(name: str) -> list[dict[str, Any]]:
 
 
 def crd_folder() -> Path | None:
-    candidates = [
-        os.environ.get("HIERTX_KUBERAY_CRDS"),
-        REPO.parent / "shared" / f"kuberay-crds-{CRD_VERSION}",
-    ]
-    return next((Path(c) for c in candidates if c and Path(c).is_dir()), None)
+    """``$HIERTX_KUBERAY_CRDS``, else ``shared/kuberay-crds-<version>`` beside the checkout
+    or its origin (``tests.batches.shared_dir``); None where neither holds the CRDs."""
+    env = os.environ.get("HIERTX_KUBERAY_CRDS")
+    folder = Path(env) if env else shared_dir(f"kuberay-crds-{CRD_VERSION}", "SHA256SUMS")
+    return folder if (folder / "SHA256SUMS").is_file() else None
 
 
 def verified_crd(folder: Path, name: str) -> bytes:
