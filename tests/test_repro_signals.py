@@ -123,6 +123,10 @@ def test_a_signal_to_the_driver_stops_every_quiet_stage_cleanly(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        # SIGINT as a terminal's foreground job has it: a test run started in the background
+        # (`make test &`) hands its children SIGINT ignored, and Python then installs no
+        # KeyboardInterrupt handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     pids = stage_pids(project, driver)
     groups = {i: os.getpgid(pid) for i, pid in pids.items()}
