@@ -29,7 +29,11 @@ does.
 Storage: runs and checkpoints live under ``train.placement.storage_path``, else
 ``$HIERTX_STORAGE_PATH``, else ``<project>/runs/ray``. A multi-node run needs a path every
 node reads (NFS, ``s3://``, ``gs://``): a worker that restarts on another node resumes
-from there.
+from there. A URI is opened with ``pyarrow.fs.FileSystem.from_uri``, as Ray Train opens it,
+in-process runs included (``train.scale.num_workers: 0``); :func:`check_storage` refuses
+one of a scheme pyarrow has no filesystem for, or with no bucket, before any compute, and
+:func:`open_storage` one pyarrow cannot open (credentials, region, endpoint), naming the
+setting it came from.
 """
 
 from __future__ import annotations
@@ -41,12 +45,16 @@ import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pipeline import machine
 from pipeline.config import PlacementParams
 from pipeline.errors import ConfigError
 
 STORAGE_ENV = "HIERTX_STORAGE_PATH"
+STORAGE_KEY = "train.placement.storage_path"
+# The schemes pyarrow.fs.FileSystem.from_uri opens (Ray Train's storage_path takes the same).
+STORAGE_SCHEMES = ("s3", "gs", "gcs", "file", "hdfs", "viewfs", "abfs", "abfss")
 ADDRESS_ENV = "RAY_ADDRESS"
 AUTO = "auto"  # RAY_ADDRESS=auto: the instance `ray start` recorded on this machine
 DEFAULT_STORAGE = Path("runs") / "ray"
@@ -67,6 +75,63 @@ def storage_path(placement: PlacementParams, root: str | Path) -> str:
     if "://" in path:
         return path
     return str(Path(path).expanduser().resolve())
+
+
+def storage_key(storage: str) -> str:
+    """The setting ``storage`` (or a run's folder under it) came from, for errors:
+    ``$HIERTX_STORAGE_PATH`` when it holds that value, else ``train.placement.storage_path``."""
+    env = os.environ.get(STORAGE_ENV, "").rstrip("/")
+    under = storage == env or storage.startswith(f"{env}/")
+    return f"${STORAGE_ENV}" if env and under else STORAGE_KEY
+
+
+def check_storage(storage: str) -> None:
+    """Refuse a storage URI no run can write to, without reaching it: a scheme pyarrow has
+    no filesystem for (``http://``, ``ftp://``, a typo), or no bucket or host (``s3://``).
+    A local path passes."""
+    if "://" not in storage:
+        return
+    scheme, rest = storage.split("://", 1)
+    key = storage_key(storage)
+    if scheme.lower() not in STORAGE_SCHEMES:
+        raise ConfigError(
+            key,
+            f"{storage}: {scheme}:// is no filesystem checkpoints can be written to; give "
+            "s3://<bucket>/<prefix>, gs://<bucket>/<prefix> or an absolute path (one every "
+            f"node mounts, for a multi-node run); the schemes: {', '.join(STORAGE_SCHEMES)}",
+        )
+    if scheme.lower() != "file" and not rest.split("/", 1)[0]:
+        raise ConfigError(key, f"{storage} names no bucket: give {scheme}://<bucket>/<prefix>")
+
+
+def open_storage(storage: str) -> tuple[Any, str]:
+    """The pyarrow filesystem of the storage URI ``storage`` and the path in it, opened as
+    Ray Train opens it, its bucket reached (S3, GCS): a ``ConfigError`` naming the setting
+    when pyarrow cannot open it, the store does not answer, or the bucket does not exist
+    (a run would fail at its first checkpoint)."""
+    check_storage(storage)
+    import pyarrow.fs
+
+    key = storage_key(storage)
+    try:
+        fs, path = pyarrow.fs.FileSystem.from_uri(storage)
+        bucket = path.split("/", 1)[0]
+        found = fs.get_file_info(bucket) if fs.type_name in ("s3", "gcs") else None
+    except (ValueError, OSError) as err:  # pyarrow: ArrowInvalid (a ValueError), network
+        raise ConfigError(
+            key,
+            f"pyarrow cannot open {storage} ({err}): check the URI, the credentials and the "
+            "region (AWS_ACCESS_KEY_ID, AWS_DEFAULT_REGION, GOOGLE_APPLICATION_CREDENTIALS), "
+            "or the endpoint (AWS_ENDPOINT_URL), or give a local path",
+        ) from None
+    if found is not None and found.type == pyarrow.fs.FileType.NotFound:
+        scheme = storage.split("://", 1)[0]
+        raise ConfigError(
+            key,
+            f"{storage}: the bucket {scheme}://{bucket} does not exist: create it, or name "
+            "one that does",
+        )
+    return fs, path
 
 
 def use_gpu(placement: PlacementParams) -> bool:

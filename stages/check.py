@@ -6,10 +6,12 @@ The first stage of ``dvc repro``: it depends on ``params.yaml`` as a file, so it
 any change to it (a misspelled top-level key such as ``trainn:`` included, which no other
 stage reads). Every check is ``pipeline.plan.load_checked`` (each section's own keys, then
 names and cross-references: ``pipeline.plan.check``), which each stage script also runs on
-its own. Its output is one :class:`~pipeline.artifacts.SourceDeclaration` per corpus of
-``corpora:`` (``data/sources/<corpus>.json``), the one input each download stage takes from
-params: a declaration that did not change is written byte for byte as before, so a valid
-change to ``params.yaml`` re-runs no download, and a changed source re-runs its corpus's.
+its own; a storage URI (``train.placement.storage_path``, ``$HIERTX_STORAGE_PATH``) is also
+opened here, so one pyarrow cannot open fails before any stage computes. Its output is one
+:class:`~pipeline.artifacts.SourceDeclaration` per corpus of ``corpora:``
+(``data/sources/<corpus>.json``), the one input each download stage takes from params: a
+declaration that did not change is written byte for byte as before, so a valid change to
+``params.yaml`` re-runs no download, and a changed source re-runs its corpus's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if __name__ == "__main__":  # first: the imports below need the project's packag
     ensure_project_interpreter("stages.check")
 
 from pipeline.artifacts import Layout, SourceDeclaration
+from pipeline.cluster import open_storage, storage_path
 from pipeline.config import Params
 from pipeline.errors import HiertxError
 from pipeline.helpformat import command_parser
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         params = select_params(load_checked(args.params))
+        storage = storage_path(params.train.placement, ".")
+        if "://" in storage:  # opened as the runs will open it, before any of them computes
+            open_storage(storage)
     except HiertxError as err:
         print(f"check {args.params}: {err}", file=sys.stderr)
         return 1

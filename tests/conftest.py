@@ -14,6 +14,7 @@ from tests.batches import shared_data_dir
 
 if TYPE_CHECKING:
     from tests.ray_head import SharedHead
+    from tests.s3_server import S3Server
 
 # pytester: tests/test_suite_rules.py runs these hooks on a small suite of its own
 pytest_plugins = ("pytester",)
@@ -52,6 +53,24 @@ def tokenized_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # a worker's basetemp is <the run's basetemp>/popen-gw<N>: the run's is shared by all
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     return projects.tokenized_tiny(shared)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3 API on 127.0.0.1 (moto in server mode, ``tests.s3_server``), one per
+    process, for the tests of storage URIs; take ``s3`` in a test."""
+    from tests.s3_server import running
+
+    yield from running()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    """The session's S3 server, which pyarrow (and so Ray and the pipeline) reaches as S3
+    during the test: ``AWS_ENDPOINT_URL`` and dummy credentials set in the environment."""
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return s3_server
 
 
 SHARED_HEAD = pytest.StashKey["SharedHead"]()

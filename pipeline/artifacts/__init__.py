@@ -7,7 +7,13 @@ this package, so a field added here reaches every stage, and a stale or foreign 
 the project above ``config``.
 """
 
-from pipeline.artifacts.files import SavedModel, TensorRecord, read_tensors, write_tensors
+from pipeline.artifacts.files import (
+    SavedModel,
+    TensorRecord,
+    read_tensors,
+    tensor_bytes,
+    write_tensors,
+)
 from pipeline.artifacts.layout import (
     ACTS_FILE,
     BEST_FILE,
@@ -82,6 +88,7 @@ __all__ = [
     "read_metrics",
     "read_tensors",
     "read_train",
+    "tensor_bytes",
     "write_examples",
     "write_json",
     "write_metrics",

@@ -1,9 +1,10 @@
 """Tensor files: written atomically, read without running pickled code, versioned.
 
 ``write_tensors``/``read_tensors`` are the one way a hiertx ``.pt`` file is written and
-read: a plain dict of tensors, numbers, strings, lists and dicts under ``torch.save``,
-loaded with ``torch.load(weights_only=True)``, so a file from elsewhere can never execute
-code. A crash while writing leaves the previous file or the new one, never a torn one. A
+read (``tensor_bytes`` and ``read_tensors(opened=...)`` for one under a storage URI): a
+plain dict of tensors, numbers, strings, lists and dicts under ``torch.save``, loaded
+with ``torch.load(weights_only=True)``, so a file from elsewhere can never execute code.
+A crash while writing leaves the previous file or the new one, never a torn one. A
 file that does not load is a ``DataError`` saying so in our words: torch's own message
 for a corrupt file advises ``weights_only=False``, which is wrong for a corrupt file and
 unsafe for a foreign one, so it is never passed on.
@@ -15,12 +16,13 @@ fails when it is read, naming the file and the stage that writes it.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
 
 import torch
 
@@ -47,12 +49,29 @@ def write_tensors(path: str | Path, content: Mapping[str, Any]) -> Path:
     return path
 
 
-def read_tensors(path: str | Path, what: str, map_location: str | torch.device = "cpu") -> dict:
+def tensor_bytes(content: Mapping[str, Any]) -> bytes:
+    """``content`` as a tensor file's bytes, exactly as :func:`write_tensors` writes them
+    (for a file written elsewhere than this machine's disk: a storage URI)."""
+    buffer = io.BytesIO()
+    torch.save(dict(content), buffer)
+    return buffer.getvalue()
+
+
+def read_tensors(
+    path: str | Path,
+    what: str,
+    map_location: str | torch.device = "cpu",
+    opened: IO[bytes] | None = None,
+) -> dict:
     """The dict in ``path`` (``weights_only``: no code runs); ``what`` names the file's
-    kind and how to make it again, for the error of a missing or unreadable file."""
-    path = Path(path)
+    kind and how to make it again, for the error of a missing or unreadable file.
+    ``opened``: the file's content, already read from elsewhere than this machine's disk
+    (``path`` is then its URI, which errors name as given)."""
+    source: IO[bytes] | Path = opened if opened is not None else Path(path)
+    if opened is None:
+        path = Path(path)
     try:
-        content = torch.load(path, map_location=map_location, weights_only=True)
+        content = torch.load(source, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise DataError(path, f"missing: {what}") from None
     except Exception as err:  # torch raises several types for torn or foreign files
@@ -95,8 +114,15 @@ class TensorRecord:
         return write_tensors(path, self.to_dict())
 
     @classmethod
-    def read(cls, path: str | Path, map_location: str | torch.device = "cpu") -> Self:
-        return cls.from_dict(read_tensors(path, cls.WHAT, map_location), path)
+    def read(
+        cls,
+        path: str | Path,
+        map_location: str | torch.device = "cpu",
+        opened: IO[bytes] | None = None,
+    ) -> Self:
+        """The record in ``path`` (or in ``opened``, the content of the file ``path``
+        names: ``read_tensors``)."""
+        return cls.from_dict(read_tensors(path, cls.WHAT, map_location, opened), path)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ corpora, so it lives above them, and ``pipeline.config`` stays a leaf.
 - ``tune.spaces.<m>.model`` searches fields of that config; a tuned run has no
   ``overrides`` (which only train runs read: they would be silently ignored).
 - ``word_vectors`` (``train.defaults``, ``train.models.<m>``, run overrides) names a file.
+- the storage of runs and checkpoints (``train.placement.storage_path``, else
+  ``$HIERTX_STORAGE_PATH``) is a path or a URI of a scheme pyarrow opens, with a bucket
+  (``cluster.check_storage``; the ``check`` stage also opens it: ``cluster.open_storage``).
 
 Every error is a ``ConfigError`` naming the dotted key and what to do (a run's merged knob:
 the run, and each level that contributed); the ``check`` stage
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import DataSizes
+from pipeline.cluster import check_storage, storage_path
 from pipeline.config import (
     CompileMode,
     Params,
@@ -116,6 +120,7 @@ def check_params(params: Params) -> None:
     _check_download_skip(params)
     _check_word_vectors(params)
     _check_lm_validation(params)
+    check_storage(storage_path(params.train.placement, "."))
 
 
 def _check_lm_validation(params: Params) -> None:

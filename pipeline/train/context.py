@@ -7,12 +7,13 @@ device, collectives, checkpoint hand-off): :class:`LocalContext` here runs in-pr
 Checkpoints are kept two deep (the newest and the one before), here and under Ray Train
 (``CheckpointConfig(num_to_keep=2)``): a newest checkpoint that does not read (a disk
 filled up, a copy cut short) is passed over for the one before, with a warning, and a run
-with no intact checkpoint stops with the command that starts it over.
+with no intact checkpoint stops with the command that starts it over. An in-process run
+keeps them in its ``run_folder.RunFolder``: on this machine's disk, or under a storage URI
+(``s3://``, ``gs://``) through pyarrow, as Ray Train keeps its runs'.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,7 @@ from pipeline.errors import DataError
 from pipeline.execution import Evaluation
 from pipeline.machine import default_device
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
+from pipeline.train.run_folder import DiskFolder, run_folder
 
 PREVIOUS_FILE = "checkpoint.prev.pt"  # the checkpoint before the newest, in a local run
 
@@ -144,7 +146,8 @@ def first_intact(
 
 class LocalContext:
     """In-process, single worker; checkpoints in ``<run_dir>/checkpoint.pt`` and, the one
-    before, ``<run_dir>/checkpoint.prev.pt``."""
+    before, ``<run_dir>/checkpoint.prev.pt``, ``run_dir`` a local folder or a storage URI
+    (``run_folder``)."""
 
     rank = 0
     world_size = 1
@@ -152,18 +155,16 @@ class LocalContext:
     def __init__(
         self, run_dir: str | Path, device: torch.device | None = None, restart: str = ""
     ) -> None:
-        self.run_dir = Path(run_dir)
+        self.folder = run_folder(run_dir)
         self.device = device or default_device()
-        self.restart = restart or f"rm -r {self.run_dir} and run the stage again"
+        remove = "rm -r" if isinstance(self.folder, DiskFolder) else "delete"
+        self.restart = restart or f"{remove} {self.folder.where} and run the stage again"
         self._newest_intact = True  # False once the newest checkpoint was passed over
 
     @property
-    def checkpoint_path(self) -> Path:
-        return self.run_dir / CHECKPOINT_FILE
-
-    @property
-    def previous_path(self) -> Path:
-        return self.run_dir / PREVIOUS_FILE
+    def checkpoint_path(self) -> str:
+        """The newest checkpoint's path or URI."""
+        return self.folder.location(CHECKPOINT_FILE)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model.to(self.device)
@@ -175,12 +176,12 @@ class LocalContext:
         return [value]
 
     def latest_checkpoint(self) -> TrainingState | None:
-        paths = [p for p in (self.checkpoint_path, self.previous_path) if p.is_file()]
-        if not paths:
+        names = [n for n in (CHECKPOINT_FILE, PREVIOUS_FILE) if self.folder.has(n)]
+        if not names:
             return None
-        readers = [lambda p=p: TrainingState.read(p) for p in paths]
-        state, index = first_intact(readers, str(self.run_dir), self.restart)
-        self._newest_intact = paths[index] == self.checkpoint_path
+        readers = [lambda n=n: self.folder.read(n) for n in names]
+        state, index = first_intact(readers, self.folder.where, self.restart)
+        self._newest_intact = names[index] == CHECKPOINT_FILE
         return state
 
     def report(self, metrics: dict[str, float], checkpoint: TrainingState | None) -> None:
@@ -188,7 +189,7 @@ class LocalContext:
             return
         # the newest becomes the one before, unless it was torn: then the intact one before
         # it stays, and the newest is overwritten
-        if self.checkpoint_path.is_file() and self._newest_intact:
-            os.replace(self.checkpoint_path, self.previous_path)
-        checkpoint.write(self.checkpoint_path)
+        if self._newest_intact and self.folder.has(CHECKPOINT_FILE):
+            self.folder.replace(CHECKPOINT_FILE, PREVIOUS_FILE)
+        self.folder.write(CHECKPOINT_FILE, checkpoint)
         self._newest_intact = True

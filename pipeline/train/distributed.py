@@ -1,7 +1,8 @@
 """Ray Train: the loop of ``loop.py`` on N workers (DDP: gloo on CPU, nccl on GPU).
 
 ``fit(job, workers, placement, storage)`` runs a :class:`~pipeline.train.loop.TrainJob`
-in-process (``workers == 0``, no Ray at all) or as a ``TorchTrainer`` whose run is named
+in-process (``workers == 0``, no Ray at all; its checkpoints in a ``run_folder``, a local
+folder or under the storage URI) or as a ``TorchTrainer`` whose run is named
 after the job (its plan's identity) under an absolute ``storage``: calling ``fit`` again
 with the same name resumes from the latest intact checkpoint, and
 ``FailureConfig(max_failures)`` restarts a failed worker group (a node lost) from it. The
@@ -18,12 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipeline.cluster import ray_cluster, use_gpu
+from pipeline.cluster import open_storage, ray_cluster, use_gpu
 from pipeline.config import PlacementParams
 from pipeline.errors import HiertxError
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState, summary
 from pipeline.train.context import LocalContext, first_intact
 from pipeline.train.loop import TrainJob, train_local, train_worker
+from pipeline.train.run_folder import run_path
 
 CHECKPOINTS_KEPT = 2  # the newest and the one before: a torn newest falls back to it
 
@@ -177,12 +179,11 @@ def resume_step(name: str, workers: int, storage: str, restart: str = "") -> int
     checkpoint's), or None when it starts from step 0; with no intact checkpoint, a
     ``DataError`` says ``restart``, the command that starts the run over."""
     if workers == 0:
-        state = LocalContext(Path(storage) / name, restart=restart).latest_checkpoint()
+        state = LocalContext(run_path(storage, name), restart=restart).latest_checkpoint()
         return None if state is None else state.position.step
-    import pyarrow.fs
     from ray.train import Checkpoint
 
-    fs, root = pyarrow.fs.FileSystem.from_uri(storage)
+    fs, root = open_storage(storage)
     folders = checkpoint_folders(fs, f"{root.rstrip('/')}/{name}")
     if not folders:
         return None
@@ -195,10 +196,10 @@ def fit(job: TrainJob, workers: int, placement: PlacementParams, storage: str) -
     """Train ``job`` to the end (resuming if its run already has a checkpoint)."""
     if workers == 0:
         train_local(job)
-        context = LocalContext(Path(storage) / job.name, restart=job.restart)
+        context = LocalContext(run_path(storage, job.name), restart=job.restart)
         state = context.latest_checkpoint()
         assert state is not None, "a finished local run has a checkpoint"
-        return FitResult(str(context.checkpoint_path), summary(state), state)
+        return FitResult(context.checkpoint_path, summary(state), state)
     with ray_cluster():
         try:
             result = trainer(job, workers, placement, storage).fit()

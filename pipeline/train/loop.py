@@ -46,7 +46,6 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -74,6 +73,7 @@ from pipeline.train.context import (
 )
 from pipeline.train.optim import make_optimizer, make_scheduler
 from pipeline.train.run_checks import planned_step_notes
+from pipeline.train.run_folder import run_path
 from pipeline.train.seed import rng_state, seed_everything, set_rng_state
 from pipeline.train.steps import LossModule, TrainWindow
 
@@ -82,10 +82,11 @@ from pipeline.train.steps import LossModule, TrainWindow
 class TrainJob:
     """Everything one training run needs; picklable, so Ray ships it to the workers.
 
-    ``name`` identifies the run (the Ray run name; the local checkpoint folder under
-    ``run_dir``). ``model_name`` is stored in checkpoints beside the config so a checkpoint
-    rebuilds its model through the registry. ``label`` names the run in progress lines
-    and errors (default ``train <name>``); ``show_progress: False`` prints none.
+    ``name`` identifies the run (the Ray run name; the in-process run's checkpoint folder
+    under ``run_dir``, a local path or a storage URI). ``model_name`` is stored in
+    checkpoints beside the config so a checkpoint rebuilds its model through the registry.
+    ``label`` names the run in progress lines and errors (default ``train <name>``);
+    ``show_progress: False`` prints none.
     ``validation_score`` is evaluated with the loss when ``params.select_by`` reads it.
     ``restart`` is the command that starts the run over (said when no checkpoint reads).
     ``sync_debug`` (``"warn"``, ``"error"``; CUDA only: ``set_sync_debug_mode`` around each
@@ -479,7 +480,7 @@ def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:
 
 def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, float]:
     """Run ``job`` in this process (``train.scale.num_workers: 0``)."""
-    return train_worker(job, LocalContext(Path(job.run_dir) / job.name, device, job.restart))
+    return train_worker(job, LocalContext(run_path(job.run_dir, job.name), device, job.restart))
 
 
 @dataclass(frozen=True)
@@ -495,5 +496,5 @@ class LoopStep:
 def loop_step(job: TrainJob, device: torch.device | None = None) -> LoopStep:
     """``job``'s :class:`LoopStep` in this process, built as :func:`train_local` builds it
     (no checkpoint is read or written)."""
-    run = _Run(job, LocalContext(Path(job.run_dir) / job.name, device, job.restart))
+    run = _Run(job, LocalContext(run_path(job.run_dir, job.name), device, job.restart))
     return LoopStep(run.raw, lambda b: next(run.policy.training_batches([b])), run.train_step)

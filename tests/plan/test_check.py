@@ -295,3 +295,53 @@ def test_a_corpus_s_lm_validation_is_its_lm_test_protocol(tiny: dict) -> None:
     assert "give both the same settings" in err.reason
     raw["tokenize"]["corpora"][corpus].setdefault("lm", {})["validation"] = stream
     checked(raw)
+
+
+@pytest.mark.parametrize(
+    ("storage", "reason"),
+    [
+        ("http://host/runs", "http:// is no filesystem checkpoints can be written to"),
+        ("ftp://host/runs", "ftp:// is no filesystem"),
+        ("s3://", "names no bucket: give s3://<bucket>/<prefix>"),
+        ("gs:///runs", "names no bucket"),
+    ],
+)
+def test_a_storage_uri_no_run_can_write_to_is_refused_naming_its_setting(
+    tiny: dict, monkeypatch: pytest.MonkeyPatch, storage: str, reason: str
+) -> None:
+    monkeypatch.delenv("HIERTX_STORAGE_PATH", raising=False)
+    err = _error(with_value(tiny, "train.placement.storage_path", storage))
+    assert err.key == "train.placement.storage_path" and reason in err.reason
+    monkeypatch.setenv("HIERTX_STORAGE_PATH", storage)
+    err = _error(tiny)
+    assert err.key == "$HIERTX_STORAGE_PATH" and reason in err.reason
+    # a local path, or a URI of a scheme pyarrow opens, passes (nothing reached)
+    monkeypatch.setenv("HIERTX_STORAGE_PATH", "/mnt/shared/runs")
+    assert isinstance(checked(with_value(tiny, "train.placement.storage_path", "gs://b/r")), Params)
+
+
+def test_the_check_stage_opens_the_storage_uri_as_the_runs_will(
+    tiny: dict, tmp_path: Path, s3, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Before any stage computes: a bucket that does not exist, or a URI pyarrow cannot
+    open, fails the check naming the setting it came from; a bucket that answers passes."""
+    from stages import check
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(tiny))
+    out = ["--params", str(params), "--out", str(tmp_path / "sources")]
+    monkeypatch.setenv("HIERTX_STORAGE_PATH", f"s3://{s3.new_bucket()}/runs")
+    assert check.main(out) == 0
+    monkeypatch.setenv("HIERTX_STORAGE_PATH", "s3://no-such-bucket/runs")
+    assert check.main(out) == 1
+    err = capsys.readouterr().err
+    assert "$HIERTX_STORAGE_PATH: s3://no-such-bucket/runs: the bucket" in err
+    assert "does not exist: create it" in err
+    monkeypatch.delenv("HIERTX_STORAGE_PATH")
+    params.write_text(
+        yaml.safe_dump(with_value(tiny, "train.placement.storage_path", "hdfs://nowhere/runs"))
+    )
+    assert check.main(out) == 1
+    assert "train.placement.storage_path: pyarrow cannot open hdfs://nowhere/runs" in (
+        capsys.readouterr().err
+    )

@@ -43,7 +43,7 @@ from tests.train.helpers import (
 REPO = Path(__file__).resolve().parents[2]
 
 
-def make_job(tmp: Path, name: str = "run", sink=None, **params) -> TrainJob:
+def make_job(tmp: Path | str, name: str = "run", sink=None, **params) -> TrainJob:
     base = {"epochs": 3, "batch_size": 4, "log_every": 1, "patience": None, "seed": 7}
     return TrainJob(
         name=name,
@@ -334,31 +334,35 @@ _KILLED_RUN = textwrap.dedent(
 
     sink = Killer([]) if sys.argv[2] != "0" else None
     params = {"dropout": 0.3, "checkpoint_every": 5, "epochs": 2}
-    print(train_local(make_job(Path(sys.argv[1]), sink=sink, **params)))
+    print(train_local(make_job(sys.argv[1], sink=sink, **params)))
     """
 )
 
 
+def run_killable(folder: Path | str, kill_at: int) -> subprocess.CompletedProcess:
+    """``_KILLED_RUN`` in a subprocess: the toy run under ``folder`` (a path or a storage
+    URI), SIGKILLed at step ``kill_at`` (0: trained to the end, its metrics printed)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-c", _KILLED_RUN, str(folder), str(kill_at)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.mark.slow
 def test_sigkilled_subprocess_resumes_to_the_same_result(tmp_path):
-    def run(folder: Path, kill_at: int) -> subprocess.CompletedProcess:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        return subprocess.run(
-            [sys.executable, "-c", _KILLED_RUN, str(folder), str(kill_at)],
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-
-    full = run(tmp_path / "a", 0)
+    full = run_killable(tmp_path / "a", 0)
     assert full.returncode == 0, full.stderr
-    killed = run(tmp_path / "b", 12)  # mid-epoch 2 (8 batches/epoch), after step 10's checkpoint
+    # mid-epoch 2 (8 batches/epoch), after step 10's checkpoint
+    killed = run_killable(tmp_path / "b", 12)
     assert killed.returncode == -signal.SIGKILL
     assert TrainingState.read(tmp_path / "b" / "run" / CHECKPOINT_FILE).position.step == 10
     assert TrainingState.read(tmp_path / "b" / "run" / PREVIOUS_FILE).position.step == 8  # epoch 1
-    resumed = run(tmp_path / "b", 0)
+    resumed = run_killable(tmp_path / "b", 0)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.splitlines()[-1] == full.stdout.splitlines()[-1]
     for k, v in _final_weights(tmp_path / "a" / "run").items():
