@@ -173,7 +173,9 @@ class SeedEvaluation:
             with torch.no_grad(), policy.autocast(), bar:
                 return evaluate(model, dataset, bar, seed.seed)
 
-        return policy.evaluation(ev.batch_size, ev.max_batches, largest=self.batch).run(attempt)
+        return policy.evaluation(ev.batch_size, ev.max_batches, largest=self.batch).run(
+            attempt, model
+        )
 
 
 def _on_cluster(

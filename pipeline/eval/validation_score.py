@@ -124,7 +124,7 @@ class MultiWozValidationScore:
                     out.append((example_id(example), response, vocab.decode(example.target_ids)))
             return out
 
-        return evaluation.run(attempt)
+        return evaluation.run(attempt, model)
 
     def score(self, decoded: list[Decoded]) -> dict[str, float]:
         """``valid_score`` and its parts (``valid_bleu_hier``, ``valid_inform``,
@@ -203,7 +203,7 @@ class RankingValidationScore:
                 out += zip((example_id(e) for e in examples), ranks.cpu().tolist(), strict=True)
             return out
 
-        return evaluation.run(attempt)
+        return evaluation.run(attempt, model)
 
     def score(self, ranked: list[Ranked]) -> dict[str, float]:
         """``valid_score`` (the MRR), ``valid_mrr`` and ``valid_recall_at_<k>`` from every

@@ -23,7 +23,17 @@ from pipeline.execution.policy import (
     compiles,
     forked_rng,
 )
-from pipeline.execution.sizing import LARGE_EVAL_BATCH, LargestBatch, batch_limit, ranks_agree
+from pipeline.execution.sizing import (
+    LARGE_EVAL_BATCH,
+    LargestBatch,
+    RankFailed,
+    Ranks,
+    Status,
+    batch_limit,
+    out_of_memory,
+    ranks_agree,
+    require_no_collectives,
+)
 from pipeline.execution.transfer import to_device
 
 __all__ = [
@@ -34,10 +44,15 @@ __all__ = [
     "ExecutionPolicy",
     "LargestBatch",
     "Padding",
+    "RankFailed",
+    "Ranks",
+    "Status",
     "autocast_dtype",
     "batch_limit",
     "compiles",
     "forked_rng",
+    "out_of_memory",
     "ranks_agree",
+    "require_no_collectives",
     "to_device",
 ]

@@ -8,12 +8,20 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.fx.experimental import _config as fx_config
 
 from pipeline.config import CompileMode, Precision, RunParams
 from pipeline.data.batch import Batch
-from pipeline.execution.sizing import LARGE_EVAL_BATCH, LargestBatch, batch_limit, ranks_agree
+from pipeline.execution.sizing import (
+    LARGE_EVAL_BATCH,
+    Agree,
+    LargestBatch,
+    Ranks,
+    batch_limit,
+    ranks_agree,
+    require_no_collectives,
+)
 from pipeline.execution.transfer import to_device
 
 T = TypeVar("T")
@@ -242,20 +250,21 @@ class ExecutionPolicy:
         limit: int | None = None,
         *,
         grow: bool = True,
-        all_reduce: Callable[[Tensor], Tensor] | None = None,
+        ranks: Ranks | None = None,
         largest: LargestBatch | None = None,
     ) -> Evaluation:
         """A recurring evaluation of ``limit`` batches (None: all) of ``configured``
-        examples (global) on this policy; ``all_reduce`` (a sum over ranks; with several
-        ranks) makes the ranks agree on the batch size; ``largest`` carries a size found
+        examples (global) on this policy; ``ranks`` (a worker's collectives; with several
+        ranks) makes the ranks agree on the batch size and on stopping
+        (:func:`~pipeline.execution.sizing.ranks_agree`); ``largest`` carries a size found
         before (the evaluate stage's seeds share one)."""
-        agree = ranks_agree(all_reduce, self.device) if self.world_size > 1 and all_reduce else None
+        several = ranks is not None and self.world_size > 1
         return Evaluation(
             policy=self,
             configured=configured,
             limit=limit,
             start=self.eval_start(configured, grow and limit is None),
-            any_rank=agree,
+            agree=ranks_agree(ranks, self.device) if several and ranks is not None else None,
             largest=largest if largest is not None else LargestBatch(),
         )
 
@@ -263,14 +272,15 @@ class ExecutionPolicy:
 @dataclass
 class Evaluation:
     """One recurring evaluation on a policy: its batch sizing (from ``start``, halved on
-    out-of-memory, the size remembered in ``largest``, every rank at the same size) and
-    the policy it runs on (``policy.autocast()``, ``policy.evaluation_batches``)."""
+    out-of-memory, the size remembered in ``largest``, every rank at the same size and
+    every rank raising when one fails) and the policy it runs on (``policy.autocast()``,
+    ``policy.evaluation_batches``)."""
 
     policy: ExecutionPolicy
     configured: int
     limit: int | None
     start: int
-    any_rank: Callable[[bool], bool] | None = None
+    agree: Agree | None = None
     largest: LargestBatch = field(default_factory=LargestBatch)
 
     @property
@@ -278,11 +288,15 @@ class Evaluation:
         """The batch size the next evaluation tries first."""
         return self.largest.size or self.start
 
-    def run(self, attempt: Callable[[int, int | None], T]) -> T:
+    def run(self, attempt: Callable[[int, int | None], T], model: nn.Module) -> T:
         """``attempt(size, limit)`` at the largest size that fits (``LargestBatch.run``);
-        ``limit`` evaluates what ``self.limit`` batches of ``configured`` did."""
+        ``limit`` evaluates what ``self.limit`` batches of ``configured`` did. ``model``
+        is the module the attempt runs, refused when it is wrapped in
+        ``DistributedDataParallel`` (an attempt contains no collective:
+        :func:`~pipeline.execution.sizing.require_no_collectives`)."""
+        require_no_collectives(model)
         return self.largest.run(
             lambda size: attempt(size, batch_limit(self.limit, self.configured, size)),
             self.start,
-            self.any_rank,
+            self.agree,
         )

@@ -25,6 +25,7 @@ from pipeline.eval.validation_score import MultiWozValidationScore, RankingValid
 from pipeline.execution import Evaluation, ExecutionPolicy
 from pipeline.models import registry
 from pipeline.plan import RunRequest, checked, plan_training
+from tests.gloo import gloo_group, run_ranks
 
 TOKENIZE = {  # delexicalised, as the HT-Encoder paper trains
     "corpora": {
@@ -336,25 +337,14 @@ def _scoring_rank(rank: int, folder: Path, shards: str, size: int) -> None:
     """One rank of a 2-process gloo group scoring the validation split at ``size`` global
     examples a batch, the ranks agreeing on it; its batch sizes and ranked ids go to
     ``<folder>/rank<r>.pt``."""
-    torch.set_num_threads(1)  # forked: no OpenMP pool from the parent
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2
-    )
-    try:
-        policy = ExecutionPolicy(device=CPU, world_size=2)
-
-        def all_reduce(values: torch.Tensor) -> torch.Tensor:
-            torch.distributed.all_reduce(values)
-            return values
-
+    with gloo_group(rank, 2, folder) as ranks:
+        evaluation = ExecutionPolicy(device=CPU, world_size=2).evaluation(size, ranks=ranks)
         model = _CountingOracle()
-        evaluation = policy.evaluation(size, all_reduce=all_reduce)
         ranked = RankingValidationScore(shards=shards).decode(model, rank, 2, evaluation)
         torch.save({"sizes": model.sizes, "ids": [i for i, _ in ranked]}, folder / f"rank{rank}.pt")
-    finally:
-        torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_each_of_two_ranks_decodes_its_devices_share_of_a_global_batch(
     tokenized_tiny, tmp_path
 ) -> None:
@@ -363,9 +353,7 @@ def test_each_of_two_ranks_decodes_its_devices_share_of_a_global_batch(
     they rank every example once."""
     shards = tokenized_tiny / "data" / "shards" / "chitchat"
     n = len(open_split(shards, "select", Split.VALID))
-    torch.multiprocessing.start_processes(
-        _scoring_rank, (tmp_path, str(shards), 4), nprocs=2, start_method="fork"
-    )
+    run_ranks(_scoring_rank, (tmp_path, str(shards), 4))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for got in ranks:
         assert got["sizes"] and max(got["sizes"]) == 2
