@@ -115,9 +115,10 @@ class MultiWozValidationScore:
 
         def attempt(size: int, limit: int | None) -> list[Decoded]:
             out: list[Decoded] = []
-            for examples, batch in rank_batches(dataset, size, limit, rank, world_size):
+            batches = rank_batches(dataset, size, limit, rank, world_size)
+            for examples, batch in policy.evaluation_batches(batches):
                 with policy.autocast():
-                    got = generate(model, policy.move(batch), config)
+                    got = generate(model, batch, config)
                 rows = zip(examples, got.tokens.cpu(), got.lengths.cpu(), strict=True)
                 for example, row, n in rows:
                     response = text.strip_special(vocab.decode(row[:n].tolist()))
@@ -192,8 +193,8 @@ class RankingValidationScore:
 
         def attempt(size: int, limit: int | None) -> list[Ranked]:
             out: list[Ranked] = []
-            for examples, batch in rank_batches(dataset, size, limit, rank, world_size):
-                batch = policy.move(batch)
+            batches = rank_batches(dataset, size, limit, rank, world_size)
+            for examples, batch in policy.evaluation_batches(batches):
                 with policy.autocast():
                     logits = model.score(batch).float()
                 real = batch.candidate_mask.any(-1)

@@ -22,7 +22,7 @@ from pipeline.execution.sizing import (
     ranks_agree,
     require_no_collectives,
 )
-from pipeline.execution.transfer import to_device
+from pipeline.execution.transfer import pairs_to_device, to_device
 
 T = TypeVar("T")
 PAD_MULTIPLE = 8  # token lengths of a compiled step's batches: fewer shapes to compile for
@@ -225,13 +225,19 @@ class ExecutionPolicy:
             batches = map(self.padding.apply, batches)
         return to_device(batches, self.device)
 
-    def evaluation_batches(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """``batches`` moved to the device as they are (evaluation runs eager)."""
-        return to_device(batches, self.device)
+    def evaluation_batches(self, pairs: Iterable[tuple[T, Batch]]) -> Iterator[tuple[T, Batch]]:
+        """Each ``(what goes with it, batch)`` of ``pairs`` with the batch moved to the
+        device as it is (evaluation runs eager;
+        :func:`~pipeline.execution.transfer.pairs_to_device`: one ahead on CUDA). Every
+        evaluation moves its batches here: the loop's validation, the validation score
+        and the evaluate stage's evaluators."""
+        return pairs_to_device(pairs, self.device)
 
-    def move(self, batch: Batch) -> Batch:
-        """One batch on the device."""
-        return batch.to(self.device)
+    def release_cached_memory(self) -> None:
+        """The memory torch caches on the device, back to it (for the other trainings
+        that may share it); nothing on a device without a cache (CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ----------------------------------------------------------------- evaluation
 
@@ -299,4 +305,5 @@ class Evaluation:
             lambda size: attempt(size, batch_limit(self.limit, self.configured, size)),
             self.start,
             self.agree,
+            self.policy.release_cached_memory,
         )

@@ -129,22 +129,21 @@ def require_no_collectives(module: nn.Module) -> None:
         )
 
 
-def release_cached_memory() -> None:
-    """The CUDA memory torch caches, back to the device (for the other trainings that may
-    share it); nothing without CUDA."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 class LargestBatch:
     """The largest batch size that fits the device, found by halving on out-of-memory
-    and remembered for the next evaluation (``size``; None until the first). After an
-    evaluation on CUDA the memory it cached goes back to the device."""
+    and remembered for the next evaluation (``size``; None until the first). After every
+    attempt the memory it cached goes back to the device (``release``: the policy's)."""
 
     def __init__(self, size: int | None = None) -> None:
         self.size = size
 
-    def run(self, attempt: Callable[[int], T], start: int, agree: Agree | None = None) -> T:
+    def run(
+        self,
+        attempt: Callable[[int], T],
+        start: int,
+        agree: Agree | None = None,
+        release: Callable[[], None] = lambda: None,
+    ) -> T:
         """``attempt(size)`` from the remembered size (else ``start``), halving the size
         and trying again when it runs out of memory (:func:`out_of_memory`; said on
         stderr); a batch of one that does not fit raises, and so does any other error.
@@ -194,8 +193,8 @@ class LargestBatch:
                 flush=True,
             )
             self.size = smaller
-            release_cached_memory()
-        release_cached_memory()
+            release()
+        release()
         return result
 
 

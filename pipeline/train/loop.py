@@ -330,7 +330,8 @@ class _Run:
         totals = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
         data = self.validation_data(size)
         data.set_epoch(0)
-        for batch in self.policy.evaluation_batches(itertools.islice(data.iter_from(0), limit)):
+        batches = enumerate(itertools.islice(data.iter_from(0), limit))
+        for _, batch in self.policy.evaluation_batches(batches):
             with self.policy.autocast():
                 out = self.raw.loss(batch)
             totals[0] += out.nll_sum.double()

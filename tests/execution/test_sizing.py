@@ -232,3 +232,17 @@ def test_two_gloo_ranks_raise_together_halve_together_and_refuse_ddp(tmp_path: P
     for got in ranks:
         kind, message = got["ddp"]
         assert kind == "ValueError" and "DistributedDataParallel" in message
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_cache_is_released_where_the_policy_has_one(device: str, monkeypatch) -> None:
+    """After an evaluation the policy's device gets its cached memory back: on CUDA, and
+    never on a CPU policy, even in a process that sees a GPU."""
+    released: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: released.append(True))
+    policy = ExecutionPolicy.for_evaluation(Precision.FP32, torch.device(device))
+    assert policy.evaluation(4).run(lambda size, limit: size, MODEL) == (
+        4 if device == "cpu" else 512
+    )
+    assert bool(released) == (device == "cuda")
