@@ -142,3 +142,15 @@ def test_the_tune_stage_checks_its_trials_before_ray_starts(project: Path) -> No
     assert " (1 epoch, " in err.value.reason and " steps an epoch), which do not exceed " in (
         err.value.reason
     )
+
+
+def test_a_warm_up_that_outlasts_the_planned_steps_is_refused() -> None:
+    """2 epochs of 4 steps under a Noam or linear warm-up of 8: the run ends as the
+    learning rate first reaches its peak; of 7 it passes it."""
+    for kind in ("noam", "linear_warmup"):
+        err = _refusal(4, epochs=2, schedule={"kind": kind, "warmup_steps": 8})
+        assert err.key.endswith("schedule.warmup_steps")
+        assert "the run's 8 planned steps (2 epochs, 4 steps an epoch) end before" in err.reason
+        schedule = {"kind": kind, "warmup_steps": 7}
+        assert planned_step_notes(RunParams.model_validate({"epochs": 2, "schedule": schedule}),
+                                  4, SOURCES, "train x") == []  # fmt: skip
