@@ -23,6 +23,7 @@ from pipeline.execution.sizing import (
     require_no_collectives,
 )
 from pipeline.execution.transfer import pairs_to_device, to_device
+from pipeline.models import flex
 
 T = TypeVar("T")
 PAD_MULTIPLE = 8  # token lengths of a compiled step's batches: fewer shapes to compile for
@@ -49,6 +50,14 @@ def compiles(mode: CompileMode, device: torch.device, model: nn.Module | None) -
         and device.type == "cuda"
         and bool(getattr(model, "supports_compile", True))
     )
+
+
+def flex_backend(mode: CompileMode, backend: str) -> str | None:
+    """The ``torch.compile`` backend of FlexAttention's kernel where it runs outside a
+    compiled graph on CUDA: none under ``compile: off`` (eager ``flex_attention``, which
+    materialises the scores: the run asked for no compilation), else the job's
+    ``backend`` (a compiled step traces the kernel into its own graph)."""
+    return None if mode == CompileMode.OFF else backend
 
 
 @contextlib.contextmanager
@@ -127,6 +136,9 @@ class ExecutionPolicy:
     starts from :data:`~pipeline.execution.sizing.LARGE_EVAL_BATCH` examples per device
     and halves on out-of-memory (else it runs at the params' size). ``sync_debug``
     (``"warn"``, ``"error"``): ``torch.cuda.set_sync_debug_mode`` around a checked step.
+    ``flex_backend``: the ``torch.compile`` backend of FlexAttention's kernel on eager CUDA
+    (None: eager ``flex_attention``; :func:`flex_backend`), set around every step and
+    evaluation attempt.
     """
 
     device: torch.device
@@ -137,6 +149,7 @@ class ExecutionPolicy:
     fused_optimizer: bool = False
     grow_eval_batches: bool = False
     sync_debug: str | None = None
+    flex_backend: str | None = flex.DEFAULT_BACKEND
 
     @classmethod
     def for_training(
@@ -169,6 +182,7 @@ class ExecutionPolicy:
             fused_optimizer=cuda,
             grow_eval_batches=cuda,
             sync_debug=sync_debug,
+            flex_backend=flex_backend(params.compile, backend),
         )
 
     @classmethod
@@ -208,6 +222,7 @@ class ExecutionPolicy:
         on CUDA with ``sync_debug``, ``torch.cuda.set_sync_debug_mode`` (the previous
         mode back after it)."""
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self.kernels())
             if self.compile is not None:
                 stack.enter_context(self.compile.shape_settings())
                 if self.compile.cuda_graphs:
@@ -217,6 +232,11 @@ class ExecutionPolicy:
                 torch.cuda.set_sync_debug_mode(self.sync_debug)
                 stack.callback(torch.cuda.set_sync_debug_mode, previous)
             yield
+
+    def kernels(self) -> contextlib.AbstractContextManager[Any]:
+        """The kernels the policy chooses for the models, in effect inside the block
+        (FlexAttention's backend on eager CUDA: ``flex_backend``)."""
+        return flex.compiled_with(self.flex_backend)
 
     def training_batches(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         """``batches`` padded to the step's shapes and moved to the device
@@ -301,8 +321,13 @@ class Evaluation:
         ``DistributedDataParallel`` (an attempt contains no collective:
         :func:`~pipeline.execution.sizing.require_no_collectives`)."""
         require_no_collectives(model)
+
+        def sized(size: int) -> T:
+            with self.policy.kernels():
+                return attempt(size, batch_limit(self.limit, self.configured, size))
+
         return self.largest.run(
-            lambda size: attempt(size, batch_limit(self.limit, self.configured, size)),
+            sized,
             self.start,
             self.agree,
             self.policy.release_cached_memory,
