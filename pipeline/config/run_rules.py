@@ -10,7 +10,8 @@ space), so each rule reads a run's merged knobs, as the run will train.
   run's trials and its search space's extremes included.
 - :func:`step_problem`: rules that need the planned steps per epoch (averaging that would
   begin before the warm-up ends or at a learning rate of 0, a cosine decay no longer than
-  its warm-up, averaging that ``max_steps`` cuts off). The training loop applies them
+  its warm-up, a warm-up of any schedule that outlasts the run, averaging that
+  ``max_steps`` cuts off). The training loop applies them
   once it has planned its epochs, before the first step (``train.run_checks``);
   :func:`patience_note` says when patience may stop a run before averaging begins.
 
@@ -208,6 +209,19 @@ def step_problem(knobs: RunParams, steps: EpochSteps, name: Name) -> KnobProblem
                 f"{total / schedule.warmup_steps:.3g} x optimizer.lr and never decays "
                 f"({name('schedule.decay_steps')} lies beyond the run). Lower warmup_steps (a "
                 "tenth of the run is usual), or train longer",
+            )
+    if schedule.kind in (ScheduleKind.LINEAR_WARMUP, ScheduleKind.NOAM):
+        total = most.total
+        if total is not None and total <= schedule.warmup_steps:
+            # both peak at the warm-up's last step: (step + 1) / warmup before it
+            # (Noam's scaled to peak at 1: optim.lr_factor)
+            return KnobProblem(
+                "schedule.warmup_steps",
+                f"the run's {most.total_words(steps)} end before the warm-up "
+                f"({name('schedule.warmup_steps')}, {name('schedule.kind')}) does: the "
+                f"learning rate never passes {total / schedule.warmup_steps:.3g} x "
+                "optimizer.lr, the peak the schedule is set for. Lower warmup_steps (a tenth "
+                "of the run is usual), or train longer",
             )
     if averaging and knobs.max_steps is not None:
         start = fewest.average_from

@@ -353,7 +353,6 @@ class BatchLoader:
         bucket: bool = True,
         drop_last: bool = False,
         num_workers: int = 0,
-        pin_memory: bool = False,
         batch_tokens: int | None = None,
     ) -> None:
         if batch_size < 1:
@@ -369,7 +368,6 @@ class BatchLoader:
         self.bucket = bucket
         self.drop_last = drop_last
         self.num_workers = num_workers
-        self.pin_memory = pin_memory
         self.batch_tokens = batch_tokens
         self.epoch = 0
         self._lengths: np.ndarray
@@ -434,10 +432,8 @@ class BatchLoader:
                 batch_sampler=plan,
                 collate_fn=self.collate,
                 num_workers=self.num_workers,
-                pin_memory=self.pin_memory,
             )
             yield from loader
             return
         for indices in plan:
-            batch = self.collate([self.dataset[i] for i in indices])
-            yield batch.pin_memory() if self.pin_memory else batch
+            yield self.collate([self.dataset[i] for i in indices])

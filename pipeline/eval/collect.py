@@ -10,7 +10,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from pipeline.artifacts import ExampleResult
@@ -30,6 +29,7 @@ from pipeline.eval.catalogue import (
     TEST_PPL_ELBO,
 )
 from pipeline.eval.perplexity import perplexity
+from pipeline.execution import ExecutionPolicy
 from pipeline.progress import Reporter
 
 
@@ -86,10 +86,11 @@ class Evaluator:
     """Evaluates the models of one task on one corpus's test split: called with a model,
     the test set, a progress bar (or None) and the seed the model was trained with (a
     latent-variable model's importance samples draw from it). ``settings``: the evaluate
-    params; ``device``: where the models run."""
+    params; ``policy``: how the models use their device (the test batches reach it through
+    ``policy.evaluation_batches``)."""
 
     settings: EvaluateParams
-    device: torch.device
+    policy: ExecutionPolicy
 
     def __call__(
         self, model: nn.Module, dataset: ExampleDataset, bar: Reporter | None, seed: int
@@ -119,7 +120,8 @@ def test_batches(
     bar: Reporter | None = None,
 ) -> Iterator[tuple[list[Example], Any]]:
     """The test examples in file order (so every model sees them identically), with their
-    collated batch; at most ``max_batches`` batches. ``bar`` advances as each is done."""
+    collated batch; at most ``max_batches`` batches. ``bar`` advances as the next is asked
+    for (on CUDA ``policy.evaluation_batches`` asks one batch ahead of its caller)."""
     n = len(dataset)
     for b, start in enumerate(range(0, n, batch_size)):
         if max_batches is not None and b >= max_batches:

@@ -153,8 +153,8 @@ class GenerateEvaluator(Evaluator):
         got = Collected()
         samples: list[str] = []
         batches = test_batches(dataset, ev.batch_size, ev.max_batches, bar)
-        for index, (examples, batch) in enumerate(batches):
-            decoded = self._batch(model, examples, batch.to(self.device), got, bar, seed, index)
+        for index, (examples, batch) in enumerate(self.policy.evaluation_batches(batches)):
+            decoded = self._batch(model, examples, batch, got, bar, seed, index)
             samples += self._samples(examples, batch, got, decoded, ev.n_samples - len(samples))
         got.require(dataset)
         metrics = {m.N_EXAMPLES.key: float(len(got.ids)), **got.nll_metrics()}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -101,8 +102,9 @@ class LMEvaluator(Evaluator):
         if self.settings.lm.protocol is LMProtocol.STREAM:
             return self._streamed(model, dataset, bar)  # type: ignore[arg-type]
         ev, got = self.settings, Collected()
-        for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches, bar):
-            batch: LMBatch = batch.to(self.device)
+        batches = test_batches(dataset, ev.batch_size, ev.max_batches, bar)
+        for examples, moved in self.policy.evaluation_batches(batches):
+            batch = cast(LMBatch, moved)
             nll = example_nll(model, batch)
             got.ids += [example_id(e) for e in examples]
             got.nll_sum += nll.nll_sum.cpu().tolist()
@@ -129,10 +131,10 @@ class LMEvaluator(Evaluator):
         nll_sum = np.zeros(n)
         n_tokens = np.zeros(n, dtype=np.int64)
         batches_done = 0
-        for start in range(0, len(windows), ev.batch_size):
-            group = windows[start : start + ev.batch_size]
-            batch = collate_lm([LMExample("window", 0, w.sentences) for w in group])
-            batch = batch.to(self.device)
+        groups = (windows[start : start + ev.batch_size]
+                  for start in range(0, len(windows), ev.batch_size))  # fmt: skip
+        pairs = ((g, collate_lm([LMExample("window", 0, w.sentences) for w in g])) for g in groups)
+        for group, batch in self.policy.evaluation_batches(pairs):
             mask = batch.sentence_mask
             # each row's real tokens in order, read back to the host once a batch
             values = model.token_nll(batch).double()[mask].cpu().numpy()

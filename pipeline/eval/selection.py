@@ -5,6 +5,7 @@ example its ranking loss (``models.base.candidate_bce`` over the real candidates
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -30,8 +31,9 @@ class SelectEvaluator(Evaluator):
         """Recall@k and MRR of one selection model; per example the BCE over its real
         candidates (``nll_sum``, ``n_tokens`` = 1) and the rank of the first correct one."""
         ev, got = self.settings, Collected()
-        for examples, batch in test_batches(dataset, ev.batch_size, ev.max_batches, bar):
-            batch: SelectBatch = batch.to(self.device)
+        batches = test_batches(dataset, ev.batch_size, ev.max_batches, bar)
+        for examples, moved in self.policy.evaluation_batches(batches):
+            batch = cast(SelectBatch, moved)
             real = batch.candidate_mask.any(-1)
             logits = model.score(batch).float()
             per_example = candidate_bce(logits, batch.labels, real)

@@ -156,7 +156,7 @@ class SeedEvaluation:
         policy = ExecutionPolicy.for_evaluation(self.precision, default_device())
         task = registry.spec(self.model_name).task
         dataset = open_split(layout.shards(self.corpus), task, Split.TEST)
-        evaluator = _evaluator(self, task, layout, policy.device)
+        evaluator = _evaluator(self, task, layout, policy)
         model = load_model(layout.resolve(seed.checkpoint), policy.device)
         ev = self.settings.evaluate
 
@@ -173,7 +173,9 @@ class SeedEvaluation:
             with torch.no_grad(), policy.autocast(), bar:
                 return evaluate(model, dataset, bar, seed.seed)
 
-        return policy.evaluation(ev.batch_size, ev.max_batches, largest=self.batch).run(attempt)
+        return policy.evaluation(ev.batch_size, ev.max_batches, largest=self.batch).run(
+            attempt, model
+        )
 
 
 def _on_cluster(
@@ -202,14 +204,16 @@ def _vectors(settings: EvalSettings, model_name: str, corpus: str, layout: Layou
     return embedding_vectors(settings.evaluate, shards, load_vocab(shards))
 
 
-def _evaluator(job: SeedEvaluation, task: Task, layout: Layout, device: torch.device) -> Evaluator:
-    """The evaluator of ``task``."""
+def _evaluator(
+    job: SeedEvaluation, task: Task, layout: Layout, policy: ExecutionPolicy
+) -> Evaluator:
+    """The evaluator of ``task`` on ``policy``."""
     settings = job.settings
     ev = settings.evaluate
     if task is Task.SELECT:
-        return SelectEvaluator(ev, device)
+        return SelectEvaluator(ev, policy)
     if task is Task.LM:
-        return LMEvaluator(ev, device)
+        return LMEvaluator(ev, policy)
     spec = corpus_spec(job.corpus, settings.corpus.source)
     return GenerateEvaluator(
         settings=ev,
@@ -217,7 +221,7 @@ def _evaluator(job: SeedEvaluation, task: Task, layout: Layout, device: torch.de
         decodes=ev.decodes_for(job.model_name),
         vectors=job.vectors,
         max_length=settings.corpus.generate.max_response,
-        device=device,
+        policy=policy,
         multiwoz=_multiwoz_inputs(job.corpus, settings, layout.raw(job.corpus))
         if spec.task_oriented
         else None,

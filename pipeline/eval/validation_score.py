@@ -29,13 +29,16 @@ Two scores (``train.*.select_by``), each reported under ``valid_score`` with its
 
 Both are computed at every evaluation of the loop (``eval_every`` and each epoch's end),
 under the run's precision and at the loop's validation batch sizes and limit
-(``execution.Evaluation``: on CUDA the largest that fits). On several workers each rank
-scores every ``world_size``-th batch (every rank at the same batch size) and the loop
-gathers the outputs, so every rank computes the same score.
+(``execution.Evaluation``: on CUDA the largest that fits). Those sizes are global, as the
+validation loss's: on several workers each device decodes batches of its share of one
+(``size // world_size`` examples, :func:`rank_batches`), every rank at the same size, each
+rank every ``world_size``-th of them, and the loop gathers the outputs, so every rank
+computes the same score.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -46,6 +49,7 @@ from torch import nn
 
 from pipeline.config import CorpusParams, DecodeParams, Selection, TokenizeParams
 from pipeline.data.loader import ExampleDataset, load_vocab, open_split
+from pipeline.data.records import Example
 from pipeline.data.splits import Split
 from pipeline.data.vocab import Vocab
 from pipeline.eval import ranking, text
@@ -111,18 +115,17 @@ class MultiWozValidationScore:
 
         def attempt(size: int, limit: int | None) -> list[Decoded]:
             out: list[Decoded] = []
-            for i, (examples, batch) in enumerate(test_batches(dataset, size, limit)):
-                if i % world_size != rank:
-                    continue
+            batches = rank_batches(dataset, size, limit, rank, world_size)
+            for examples, batch in policy.evaluation_batches(batches):
                 with policy.autocast():
-                    got = generate(model, policy.move(batch), config)
+                    got = generate(model, batch, config)
                 rows = zip(examples, got.tokens.cpu(), got.lengths.cpu(), strict=True)
                 for example, row, n in rows:
                     response = text.strip_special(vocab.decode(row[:n].tolist()))
                     out.append((example_id(example), response, vocab.decode(example.target_ids)))
             return out
 
-        return evaluation.run(attempt)
+        return evaluation.run(attempt, model)
 
     def score(self, decoded: list[Decoded]) -> dict[str, float]:
         """``valid_score`` and its parts (``valid_bleu_hier``, ``valid_inform``,
@@ -138,6 +141,22 @@ class MultiWozValidationScore:
             "valid_inform": rates["inform"],
             "valid_success": rates["success"],
         }
+
+
+def rank_batches(
+    dataset: ExampleDataset, size: int, limit: int | None, rank: int, world_size: int
+) -> Iterator[tuple[list[Example], Any]]:
+    """``rank``'s share of the validation split at ``size`` (global) examples a batch and
+    ``limit`` (None: all) global batches: the split in file order cut into batches of one
+    device's share, ``size // world_size`` examples (at least one), and of those every
+    ``world_size``-th from ``rank``. The ranks together cover the examples that ``limit``
+    batches of ``size`` cover, and no device holds more than its share of a global batch
+    (the validation loss's per-device batches, ``ShardData.valid``)."""
+    per_device = max(1, size // world_size)
+    batches = None if limit is None else limit * world_size
+    for i, item in enumerate(test_batches(dataset, per_device, batches)):
+        if i % world_size == rank:
+            yield item
 
 
 def _order(example_id: str) -> tuple[str, int]:
@@ -174,10 +193,8 @@ class RankingValidationScore:
 
         def attempt(size: int, limit: int | None) -> list[Ranked]:
             out: list[Ranked] = []
-            for i, (examples, batch) in enumerate(test_batches(dataset, size, limit)):
-                if i % world_size != rank:
-                    continue
-                batch = policy.move(batch)
+            batches = rank_batches(dataset, size, limit, rank, world_size)
+            for examples, batch in policy.evaluation_batches(batches):
                 with policy.autocast():
                     logits = model.score(batch).float()
                 real = batch.candidate_mask.any(-1)
@@ -187,7 +204,7 @@ class RankingValidationScore:
                 out += zip((example_id(e) for e in examples), ranks.cpu().tolist(), strict=True)
             return out
 
-        return evaluation.run(attempt)
+        return evaluation.run(attempt, model)
 
     def score(self, ranked: list[Ranked]) -> dict[str, float]:
         """``valid_score`` (the MRR), ``valid_mrr`` and ``valid_recall_at_<k>`` from every

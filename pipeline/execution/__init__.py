@@ -3,14 +3,14 @@
 Every decision that depends on the device lives here (the one other place that names a
 device, ``pipeline.machine``, only says which device a process has): the autocast dtype,
 whether and how the training step is compiled (mode, backend, the dynamic-shape settings
-that spare recompiles), the static shapes a compiled step's batches are padded to, moving
-batches to the device, the fused optimizer, evaluation's batch size (the largest that fits,
-agreed by every rank) and the host-sync check around a step. The training loop, the
-validation score, the evaluate stage and the GPU check take a policy; none of them asks
-which device it runs on. On a CPU a policy built from the default params changes nothing
-(no autocast, no compile, no padding, the params' batch sizes), so CPU results are those
-of the code before it, bit for bit. ``docs/DESIGN.md`` ("How to add a GPU optimisation")
-walks through adding one.
+that spare recompiles) and FlexAttention's kernel with it, the static shapes a compiled
+step's batches are padded to, moving batches to the device, the fused optimizer,
+evaluation's batch size (the largest that fits, agreed by every rank) and the host-sync
+check around a step. The training loop, the validation score, the evaluate stage and the
+GPU check take a policy; none of them asks which device it runs on. On a CPU a policy built
+from the default params changes nothing (no autocast, no compile, no padding, the params'
+batch sizes), so CPU results are those of the code before it, bit for bit.
+``docs/DESIGN.md`` ("How to add a GPU optimisation") walks through adding one.
 """
 
 from pipeline.execution.policy import (
@@ -21,9 +21,20 @@ from pipeline.execution.policy import (
     Padding,
     autocast_dtype,
     compiles,
+    flex_backend,
     forked_rng,
 )
-from pipeline.execution.sizing import LARGE_EVAL_BATCH, LargestBatch, batch_limit, ranks_agree
+from pipeline.execution.sizing import (
+    LARGE_EVAL_BATCH,
+    LargestBatch,
+    RankFailed,
+    Ranks,
+    Status,
+    batch_limit,
+    out_of_memory,
+    ranks_agree,
+    require_no_collectives,
+)
 from pipeline.execution.transfer import to_device
 
 __all__ = [
@@ -34,10 +45,16 @@ __all__ = [
     "ExecutionPolicy",
     "LargestBatch",
     "Padding",
+    "RankFailed",
+    "Ranks",
+    "Status",
     "autocast_dtype",
     "batch_limit",
     "compiles",
+    "flex_backend",
     "forked_rng",
+    "out_of_memory",
     "ranks_agree",
+    "require_no_collectives",
     "to_device",
 ]

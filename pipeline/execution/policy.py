@@ -8,13 +8,22 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from torch.fx.experimental import _config as fx_config
 
 from pipeline.config import CompileMode, Precision, RunParams
 from pipeline.data.batch import Batch
-from pipeline.execution.sizing import LARGE_EVAL_BATCH, LargestBatch, batch_limit, ranks_agree
-from pipeline.execution.transfer import to_device
+from pipeline.execution.sizing import (
+    LARGE_EVAL_BATCH,
+    Agree,
+    LargestBatch,
+    Ranks,
+    batch_limit,
+    ranks_agree,
+    require_no_collectives,
+)
+from pipeline.execution.transfer import pairs_to_device, to_device
+from pipeline.models import flex
 
 T = TypeVar("T")
 PAD_MULTIPLE = 8  # token lengths of a compiled step's batches: fewer shapes to compile for
@@ -41,6 +50,14 @@ def compiles(mode: CompileMode, device: torch.device, model: nn.Module | None) -
         and device.type == "cuda"
         and bool(getattr(model, "supports_compile", True))
     )
+
+
+def flex_backend(mode: CompileMode, backend: str) -> str | None:
+    """The ``torch.compile`` backend of FlexAttention's kernel where it runs outside a
+    compiled graph on CUDA: none under ``compile: off`` (eager ``flex_attention``, which
+    materialises the scores: the run asked for no compilation), else the job's
+    ``backend`` (a compiled step traces the kernel into its own graph)."""
+    return None if mode == CompileMode.OFF else backend
 
 
 @contextlib.contextmanager
@@ -119,6 +136,9 @@ class ExecutionPolicy:
     starts from :data:`~pipeline.execution.sizing.LARGE_EVAL_BATCH` examples per device
     and halves on out-of-memory (else it runs at the params' size). ``sync_debug``
     (``"warn"``, ``"error"``): ``torch.cuda.set_sync_debug_mode`` around a checked step.
+    ``flex_backend``: the ``torch.compile`` backend of FlexAttention's kernel on eager CUDA
+    (None: eager ``flex_attention``; :func:`flex_backend`), set around every step and
+    evaluation attempt.
     """
 
     device: torch.device
@@ -129,6 +149,7 @@ class ExecutionPolicy:
     fused_optimizer: bool = False
     grow_eval_batches: bool = False
     sync_debug: str | None = None
+    flex_backend: str | None = flex.DEFAULT_BACKEND
 
     @classmethod
     def for_training(
@@ -161,6 +182,7 @@ class ExecutionPolicy:
             fused_optimizer=cuda,
             grow_eval_batches=cuda,
             sync_debug=sync_debug,
+            flex_backend=flex_backend(params.compile, backend),
         )
 
     @classmethod
@@ -200,6 +222,7 @@ class ExecutionPolicy:
         on CUDA with ``sync_debug``, ``torch.cuda.set_sync_debug_mode`` (the previous
         mode back after it)."""
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self.kernels())
             if self.compile is not None:
                 stack.enter_context(self.compile.shape_settings())
                 if self.compile.cuda_graphs:
@@ -210,6 +233,11 @@ class ExecutionPolicy:
                 stack.callback(torch.cuda.set_sync_debug_mode, previous)
             yield
 
+    def kernels(self) -> contextlib.AbstractContextManager[Any]:
+        """The kernels the policy chooses for the models, in effect inside the block
+        (FlexAttention's backend on eager CUDA: ``flex_backend``)."""
+        return flex.compiled_with(self.flex_backend)
+
     def training_batches(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         """``batches`` padded to the step's shapes and moved to the device
         (:func:`~pipeline.execution.transfer.to_device`: one ahead on CUDA)."""
@@ -217,13 +245,19 @@ class ExecutionPolicy:
             batches = map(self.padding.apply, batches)
         return to_device(batches, self.device)
 
-    def evaluation_batches(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        """``batches`` moved to the device as they are (evaluation runs eager)."""
-        return to_device(batches, self.device)
+    def evaluation_batches(self, pairs: Iterable[tuple[T, Batch]]) -> Iterator[tuple[T, Batch]]:
+        """Each ``(what goes with it, batch)`` of ``pairs`` with the batch moved to the
+        device as it is (evaluation runs eager;
+        :func:`~pipeline.execution.transfer.pairs_to_device`: one ahead on CUDA). Every
+        evaluation moves its batches here: the loop's validation, the validation score
+        and the evaluate stage's evaluators."""
+        return pairs_to_device(pairs, self.device)
 
-    def move(self, batch: Batch) -> Batch:
-        """One batch on the device."""
-        return batch.to(self.device)
+    def release_cached_memory(self) -> None:
+        """The memory torch caches on the device, back to it (for the other trainings
+        that may share it); nothing on a device without a cache (CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ----------------------------------------------------------------- evaluation
 
@@ -242,20 +276,21 @@ class ExecutionPolicy:
         limit: int | None = None,
         *,
         grow: bool = True,
-        all_reduce: Callable[[Tensor], Tensor] | None = None,
+        ranks: Ranks | None = None,
         largest: LargestBatch | None = None,
     ) -> Evaluation:
         """A recurring evaluation of ``limit`` batches (None: all) of ``configured``
-        examples (global) on this policy; ``all_reduce`` (a sum over ranks; with several
-        ranks) makes the ranks agree on the batch size; ``largest`` carries a size found
+        examples (global) on this policy; ``ranks`` (a worker's collectives; with several
+        ranks) makes the ranks agree on the batch size and on stopping
+        (:func:`~pipeline.execution.sizing.ranks_agree`); ``largest`` carries a size found
         before (the evaluate stage's seeds share one)."""
-        agree = ranks_agree(all_reduce, self.device) if self.world_size > 1 and all_reduce else None
+        several = ranks is not None and self.world_size > 1
         return Evaluation(
             policy=self,
             configured=configured,
             limit=limit,
             start=self.eval_start(configured, grow and limit is None),
-            any_rank=agree,
+            agree=ranks_agree(ranks, self.device) if several and ranks is not None else None,
             largest=largest if largest is not None else LargestBatch(),
         )
 
@@ -263,14 +298,15 @@ class ExecutionPolicy:
 @dataclass
 class Evaluation:
     """One recurring evaluation on a policy: its batch sizing (from ``start``, halved on
-    out-of-memory, the size remembered in ``largest``, every rank at the same size) and
-    the policy it runs on (``policy.autocast()``, ``policy.evaluation_batches``)."""
+    out-of-memory, the size remembered in ``largest``, every rank at the same size and
+    every rank raising when one fails) and the policy it runs on (``policy.autocast()``,
+    ``policy.evaluation_batches``)."""
 
     policy: ExecutionPolicy
     configured: int
     limit: int | None
     start: int
-    any_rank: Callable[[bool], bool] | None = None
+    agree: Agree | None = None
     largest: LargestBatch = field(default_factory=LargestBatch)
 
     @property
@@ -278,11 +314,21 @@ class Evaluation:
         """The batch size the next evaluation tries first."""
         return self.largest.size or self.start
 
-    def run(self, attempt: Callable[[int, int | None], T]) -> T:
+    def run(self, attempt: Callable[[int, int | None], T], model: nn.Module) -> T:
         """``attempt(size, limit)`` at the largest size that fits (``LargestBatch.run``);
-        ``limit`` evaluates what ``self.limit`` batches of ``configured`` did."""
+        ``limit`` evaluates what ``self.limit`` batches of ``configured`` did. ``model``
+        is the module the attempt runs, refused when it is wrapped in
+        ``DistributedDataParallel`` (an attempt contains no collective:
+        :func:`~pipeline.execution.sizing.require_no_collectives`)."""
+        require_no_collectives(model)
+
+        def sized(size: int) -> T:
+            with self.policy.kernels():
+                return attempt(size, batch_limit(self.limit, self.configured, size))
+
         return self.largest.run(
-            lambda size: attempt(size, batch_limit(self.limit, self.configured, size)),
+            sized,
             self.start,
-            self.any_rank,
+            self.agree,
+            self.policy.release_cached_memory,
         )

@@ -16,12 +16,19 @@ A query row that may attend no key gives zeros on both paths (``layers.attend``'
 convention). FlexAttention has no dropout on the attention probabilities: ``layers.attend``
 runs a :class:`FlexMask` through the kernel only at dropout 0 and through the dense mask
 otherwise (``hier.AttentionLayout`` states the rule a config sees).
+
+On eager CUDA (outside a compiled graph) the kernel runs compiled by the backend the
+execution policy chooses (:func:`compiled_with`, ``ExecutionPolicy.flex_backend``: the
+run's ``compile_backend``, or eager ``flex_attention``, which materialises the scores,
+under ``compile: off``); where no policy chose, Inductor.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +38,28 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex
 from pipeline.models.base import on_gpu
 
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+DEFAULT_BACKEND = "inductor"
+
+# The torch.compile backend of the kernel on eager CUDA (None: eager flex_attention).
+_BACKEND: ContextVar[str | None] = ContextVar("flex_backend", default=DEFAULT_BACKEND)
+
+
+@contextlib.contextmanager
+def compiled_with(backend: str | None) -> Iterator[None]:
+    """Inside the block the kernel runs on eager CUDA compiled by ``backend`` (None:
+    eager ``flex_attention``); the setting before it after."""
+    token = _BACKEND.set(backend)
+    try:
+        yield
+    finally:
+        _BACKEND.reset(token)
+
+
+def kernel() -> Callable[..., Tensor]:
+    """The FlexAttention an eager CUDA pass calls: compiled by the backend in effect
+    (:func:`compiled_with`), or ``flex_attention`` itself."""
+    backend = _BACKEND.get()
+    return flex_attention if backend is None else _compiled_flex(backend)  # type: ignore[return-value]
 
 
 def evaluate(
@@ -67,12 +96,12 @@ class FlexMask:
             return flex_attention(q, k, v, block_mask=self.block)  # type: ignore[return-value]
         # Eager CUDA: flex_attention alone materialises the scores; its compiled kernel does
         # not, and dynamic shapes spare a compilation per history length.
-        return _compiled_flex()(q, k, v, block_mask=self.block)
+        return kernel()(q, k, v, block_mask=self.block)
 
 
 @functools.cache
-def _compiled_flex() -> Callable[..., Tensor]:
-    return torch.compile(flex_attention, dynamic=True)
+def _compiled_flex(backend: str) -> Callable[..., Tensor]:
+    return torch.compile(flex_attention, dynamic=True, backend=backend)
 
 
 def flex_mask(

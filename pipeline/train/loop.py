@@ -298,7 +298,7 @@ class _Run:
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
         self.raw.eval()
-        totals = self.ctx.all_reduce(self.validation.run(self.validation_totals))
+        totals = self.ctx.all_reduce(self.validation.run(self.validation_totals, self.raw))
         n = int(totals[1].item())
         loss = float(totals[0] / totals[1]) if n > 0 else math.inf
         scorer = self.job.validation_score
@@ -311,11 +311,12 @@ class _Run:
 
     def evaluation(self) -> Evaluation:
         """A validation's batch sizing: the params' size and limit, the largest size that
-        fits where the policy grows it (not a size the params set), the ranks agreeing."""
+        fits where the policy grows it (not a size the params set), the ranks agreeing on
+        it and on stopping when one fails."""
         p = self.p
         grow = p.eval_batch_size is None
         return self.policy.evaluation(
-            p.validation_batch_size, p.validation_limit, grow=grow, all_reduce=self.ctx.all_reduce
+            p.validation_batch_size, p.validation_limit, grow=grow, ranks=self.ctx
         )
 
     def validation_data(self, size: int) -> EpochData:
@@ -330,7 +331,8 @@ class _Run:
         totals = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
         data = self.validation_data(size)
         data.set_epoch(0)
-        for batch in self.policy.evaluation_batches(itertools.islice(data.iter_from(0), limit)):
+        batches = enumerate(itertools.islice(data.iter_from(0), limit))
+        for _, batch in self.policy.evaluation_batches(batches):
             with self.policy.autocast():
                 out = self.raw.loss(batch)
             totals[0] += out.nll_sum.double()

@@ -6,8 +6,9 @@ own Ray run and MLflow run, resumable like any other), exports the kept weights 
 :class:`~pipeline.artifacts.TrainRecord`. ``train_plan`` trains one seed: it says first
 whether it starts fresh or resumes (from which step, and why), trains (in-process or on
 Ray Train), exports, and records the run in MLflow: params, metrics, the vocabulary, the
-checkpoint, samples, and the registered pyfunc. A run that diverges, or fails otherwise,
-ends its MLflow run FAILED and exports nothing.
+checkpoint, samples, and the registered pyfunc. A seed whose knobs a rule that needs the
+step count refuses (``run_checks``) is refused before its MLflow run opens; a run that
+diverges, or fails otherwise, ends its MLflow run FAILED and exports nothing.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from pipeline.models.word_vectors import (
 from pipeline.plan import RunIdentity, RunPlan, RunRequest, plan_training
 from pipeline.train.checkpoint import TrainingState
 from pipeline.train.distributed import fit, resume_step
-from pipeline.train.job import RegistryModel, train_job
+from pipeline.train.job import RegistryModel, shard_data, train_job
+from pipeline.train.run_checks import planned_step_notes
 from pipeline.train.tracked import check_reachable, start_tracker, track_final
 
 IDENTITY_SUFFIX = ".identity.json"  # beside a run's checkpoint folder: what it computes
@@ -71,6 +73,16 @@ def train_seeds(
     return record
 
 
+def check_planned_steps(plan: RunPlan) -> None:
+    """The rules that need the step count (``run_checks``) at the corpus' real batches an
+    epoch (rank 0's, as the loop counts them), before the seed's MLflow run starts: a
+    refusal leaves no FAILED run behind and no Ray run. The error does not name the run:
+    the stage's message does (``train <run>: <key>: <reason>``). The loop checks again at
+    its start, and shows the notes."""
+    train, _ = shard_data(plan)(0, max(plan.workers, 1))
+    planned_step_notes(plan.knobs, len(train), plan.sources, "")
+
+
 def _timed(plan: RunPlan, show_progress: bool) -> TrainedSeed:
     """``train_plan`` with the wall time of this process's training (a resumed run: since
     the resume) among the seed's metrics."""
@@ -84,6 +96,7 @@ def train_plan(plan: RunPlan, show_progress: bool = True) -> TrainedSeed:
     """Train (or resume) one seed's plan and export its kept weights (module docstring)."""
     step = resume_step(plan.name, plan.workers, plan.storage, plan.restart)
     resumes = step is not None
+    check_planned_steps(plan)
     announce(plan, step)
     # a resumed run's checkpoint holds the embeddings it started from: no second read
     vectors = None if resumes else read_vectors(plan)

@@ -25,6 +25,7 @@ from pipeline.data.streams import (
 )
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.eval.language import LMEvaluator
+from pipeline.execution import ExecutionPolicy
 from pipeline.models import registry
 from pipeline.names import Task
 from pipeline.plan import RunRequest, checked, plan_training
@@ -187,7 +188,9 @@ def test_streamed_validation_is_the_evaluate_stage_s_protocol_on_the_valid_split
             nll, n = nll + float(out.nll_sum), n + float(out.n_tokens)
     documents = ExampleDataset(root, Task.LM, "valid")
     settings = EvaluateParams(batch_size=7, lm=STREAM_VALIDATION)
-    test = LMEvaluator(settings, torch.device("cpu"))(model, documents, None, 0).metrics
+    test = LMEvaluator(settings, ExecutionPolicy(torch.device("cpu")))(
+        model, documents, None, 0
+    ).metrics
     assert n == documents.manifest.target_tokens["lm"]["valid"]
     assert nll / n == pytest.approx(test["test_loss"], rel=1e-5)
 

@@ -4,6 +4,7 @@ in a sliding window (of tokens for a flat model, of sentences for a hierarchical
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ from pipeline.data.records import LMExample
 from pipeline.data.special import EOS_ID
 from pipeline.errors import ConfigError
 from pipeline.eval.language import STREAM_KEYS, LMEvaluator, stream_windows
+from pipeline.execution import ExecutionPolicy
 from pipeline.models import registry
 from pipeline.models.base import LanguageModel
 from pipeline.models.stack import scatter_rows
@@ -28,6 +30,8 @@ from tests.models.test_hgpt import SMALL as HGPT_SMALL
 # Three documents; the stream is their tokens in order: 5 6 E | 7 E 8 9 E | 10 11 E 12 E.
 E = EOS_ID
 DOCS = [[[5, 6, E]], [[7, E], [8, 9, E]], [[10, 11, E], [12, E]]]
+
+ON_CPU = ExecutionPolicy(torch.device("cpu"))  # the evaluators' policy
 
 
 class Documents:
@@ -72,7 +76,7 @@ class ContextLM(LanguageModel):
 
 def evaluate(model: LanguageModel, documents: list, batch_size: int = 2, **lm) -> tuple:
     settings = EvaluateParams(batch_size=batch_size, lm=lm)
-    result = LMEvaluator(settings, torch.device("cpu"))(model, Documents(documents), None, 0)
+    result = LMEvaluator(settings, ON_CPU)(model, Documents(documents), None, 0)
     return result.metrics, result.examples
 
 
@@ -167,7 +171,7 @@ def test_per_document_protocol_is_today_s() -> None:
 def test_quick_runs_stream_the_documents_the_per_document_protocol_scores() -> None:
     _, got = evaluate(ContextLM(), DOCS, batch_size=1, protocol="stream")
     settings = EvaluateParams(batch_size=1, max_batches=2, lm={"protocol": "stream"})
-    quick = LMEvaluator(settings, torch.device("cpu"))(ContextLM(), Documents(DOCS), None, 0)
+    quick = LMEvaluator(settings, ON_CPU)(ContextLM(), Documents(DOCS), None, 0)
     assert quick.examples.ids == got.ids[:2] and quick.examples.n_tokens == [3, 5]
 
 
@@ -218,6 +222,36 @@ def test_streaming_advances_the_progress_bar_by_document_batches() -> None:
 
     bar = Bar()
     settings = EvaluateParams(batch_size=2, lm={"protocol": "stream", "stride_tokens": 1})
-    LMEvaluator(settings, torch.device("cpu"))(ContextLM(), Documents(DOCS), bar, 0)  # type: ignore[arg-type]
+    LMEvaluator(settings, ON_CPU)(ContextLM(), Documents(DOCS), bar, 0)  # type: ignore[arg-type]
     assert sum(bar.done) == 2 and min(bar.done) >= 0  # two batches of documents, in order
     assert bar.done.index(1) < len(bar.done) - 1  # the first one before the stream ends
+
+
+@dataclass(frozen=True)
+class _CountingPolicy(ExecutionPolicy):
+    """A CPU policy that counts the batches it moves (``evaluation_batches``)."""
+
+    moved: list = field(default_factory=list)
+
+    def evaluation_batches(self, pairs):
+        for item, batch in super().evaluation_batches(pairs):
+            self.moved.append(batch)
+            yield item, batch
+
+
+@pytest.mark.parametrize("protocol", ["document", "stream"])
+def test_every_test_batch_reaches_the_device_through_the_policy(protocol: str) -> None:
+    """Both protocols move every batch they score through ``policy.evaluation_batches``
+    (the one path to the device: pinned and one ahead on CUDA), none on its own."""
+    policy = _CountingPolicy(torch.device("cpu"))
+    settings = EvaluateParams(batch_size=1, lm={"protocol": protocol})
+    scored: list = []
+
+    class Spy(ContextLM):
+        def token_nll(self, batch: LMBatch) -> Tensor:
+            scored.append(batch)
+            return super().token_nll(batch)
+
+    LMEvaluator(settings, policy)(Spy(), Documents(DOCS), None, 0)
+    assert scored and len(policy.moved) == len(scored)
+    assert all(any(b is m for m in policy.moved) for b in scored)

@@ -25,6 +25,7 @@ from pipeline.eval.validation_score import MultiWozValidationScore, RankingValid
 from pipeline.execution import Evaluation, ExecutionPolicy
 from pipeline.models import registry
 from pipeline.plan import RunRequest, checked, plan_training
+from tests.gloo import gloo_group, run_ranks
 
 TOKENIZE = {  # delexicalised, as the HT-Encoder paper trains
     "corpora": {
@@ -318,3 +319,44 @@ def test_a_ranker_selected_on_the_mrr_keeps_its_best_validation(tokenized_tiny, 
     assert score.score(score.decode(kept, 0, 1, evaluation))["valid_score"] == best
     kept.load_state_dict(TrainingState.read(root / seed.run_checkpoint).model)
     assert score.score(score.decode(kept, 0, 1, evaluation))["valid_score"] <= best
+
+
+class _CountingOracle(_Oracle):
+    """``_Oracle(1.0)`` that records the number of examples of every batch it scores."""
+
+    def __init__(self) -> None:
+        super().__init__(1.0)
+        self.sizes: list[int] = []
+
+    def score(self, batch):
+        self.sizes.append(len(batch.labels))
+        return super().score(batch)
+
+
+def _scoring_rank(rank: int, folder: Path, shards: str, size: int) -> None:
+    """One rank of a 2-process gloo group scoring the validation split at ``size`` global
+    examples a batch, the ranks agreeing on it; its batch sizes and ranked ids go to
+    ``<folder>/rank<r>.pt``."""
+    with gloo_group(rank, 2, folder) as ranks:
+        evaluation = ExecutionPolicy(device=CPU, world_size=2).evaluation(size, ranks=ranks)
+        model = _CountingOracle()
+        ranked = RankingValidationScore(shards=shards).decode(model, rank, 2, evaluation)
+        torch.save({"sizes": model.sizes, "ids": [i for i, _ in ranked]}, folder / f"rank{rank}.pt")
+
+
+@pytest.mark.slow
+def test_each_of_two_ranks_decodes_its_devices_share_of_a_global_batch(
+    tokenized_tiny, tmp_path
+) -> None:
+    """Two gloo processes score the validation split at 4 examples a (global) batch: each
+    device decodes batches of 2 (its share), never the whole global batch, and together
+    they rank every example once."""
+    shards = tokenized_tiny / "data" / "shards" / "chitchat"
+    n = len(open_split(shards, "select", Split.VALID))
+    run_ranks(_scoring_rank, (tmp_path, str(shards), 4))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for got in ranks:
+        assert got["sizes"] and max(got["sizes"]) == 2
+    assert sum(sum(got["sizes"]) for got in ranks) == n
+    ids = ranks[0]["ids"] + ranks[1]["ids"]
+    assert len(ids) == len(set(ids)) == n

@@ -191,3 +191,29 @@ def test_device_decisions_live_in_the_execution_policy() -> None:
                 found.setdefault(name, []).append(number)
     assert set(found) == set(EXCEPTIONS), found
     assert len(found["pipeline/models/base.py"]) == 1  # on_gpu's one line
+
+
+@pytest.mark.parametrize(
+    ("mode", "backend", "chosen"),
+    [("off", "inductor", None), ("auto", "aot_eager", "aot_eager"), ("on", "eager", "eager")],
+)
+def test_flex_attention_on_eager_cuda_follows_the_runs_compile_and_backend(
+    mode: str, backend: str, chosen: str | None
+) -> None:
+    """The decision, made on CPU: ``compile: off`` runs FlexAttention's kernel eager
+    (``flex_attention`` itself), any other mode compiles it with the job's backend; the
+    choice holds inside a step and an evaluation attempt, and is undone after."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from pipeline.models import flex
+
+    params = RunParams.model_validate({"compile": mode})
+    policy = ExecutionPolicy.for_training(params, torch.device("cuda"), backend=backend)
+    assert policy.flex_backend == chosen
+    seen = []
+    with policy.step(checked=False):
+        seen.append(flex.kernel())
+    policy.evaluation(4).run(lambda size, limit: seen.append(flex.kernel()), torch.nn.Linear(1, 1))
+    expected = flex_attention if chosen is None else flex._compiled_flex(chosen)
+    assert seen == [expected, expected]
+    assert flex.kernel() is not flex_attention  # outside: Inductor, where no policy chose

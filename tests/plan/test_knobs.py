@@ -94,6 +94,22 @@ def test_averaging_that_max_steps_cuts_off_is_refused_when_it_is_certain(tiny: d
     assert checked(with_value(raw, "train.defaults.max_steps", 6))  # the data decides
 
 
+@pytest.mark.parametrize("kind", ["linear_warmup", "noam"])
+def test_a_warm_up_that_outlasts_the_run_is_refused(tiny: dict, kind: str) -> None:
+    """The default warm-up (1000 steps) in a run of at most 4: the learning rate never
+    reaches the peak the schedule is set for, as a cosine's would not."""
+    err = _error(with_value(tiny, f"{GPT}.schedule", {"kind": kind}))
+    assert err.key == f"{GPT}.schedule.warmup_steps"
+    assert err.reason.startswith(
+        "run gpt-chitchat: the run's at most 4 planned steps (1 epoch, at most 4 steps an "
+        "epoch: train.defaults.max_batches_per_epoch = 4) end before the warm-up "
+        f"({GPT}.schedule.warmup_steps = 1000 (default), {GPT}.schedule.kind = {kind}) does: "
+        "the learning rate never passes 0.004 x optimizer.lr"
+    )
+    assert "Lower warmup_steps" in err.reason
+    assert checked(with_value(tiny, f"{GPT}.schedule", {"kind": kind, "warmup_steps": 3}))
+
+
 def test_a_cosine_whose_planned_steps_do_not_outlast_its_warm_up_is_refused(tiny: dict) -> None:
     """Probe 4: the default warm-up (1000 steps) in a run of at most 4: no decay."""
     err = _error(with_value(tiny, f"{GPT}.schedule", {"kind": "cosine"}))

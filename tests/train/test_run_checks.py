@@ -142,3 +142,42 @@ def test_the_tune_stage_checks_its_trials_before_ray_starts(project: Path) -> No
     assert " (1 epoch, " in err.value.reason and " steps an epoch), which do not exceed " in (
         err.value.reason
     )
+
+
+def test_a_warm_up_that_outlasts_the_planned_steps_is_refused() -> None:
+    """2 epochs of 4 steps under a Noam or linear warm-up of 8: the run ends as the
+    learning rate first reaches its peak; of 7 it passes it."""
+    for kind in ("noam", "linear_warmup"):
+        err = _refusal(4, epochs=2, schedule={"kind": kind, "warmup_steps": 8})
+        assert err.key.endswith("schedule.warmup_steps")
+        assert "the run's 8 planned steps (2 epochs, 4 steps an epoch) end before" in err.reason
+        schedule = {"kind": kind, "warmup_steps": 7}
+        assert planned_step_notes(RunParams.model_validate({"epochs": 2, "schedule": schedule}),
+                                  4, SOURCES, "train x") == []  # fmt: skip
+
+
+def test_the_train_stage_refuses_before_its_mlflow_run_and_names_the_run_once(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A linear warm-up of 1000 steps over 1 epoch of about 25: the params check cannot
+    tell (whole epochs), the stage refuses before it opens the seed's MLflow run (no FAILED
+    run left behind) and before any checkpoint; the error does not name the run, which
+    the stage's message (``train <run>: ...``) names."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    raw = stage_params()
+    raw["train"]["defaults"] |= {"max_batches_per_epoch": None, "epochs": 1}
+    raw["train"]["models"]["transformer"]["schedule"] = {"kind": "linear_warmup"}
+    request = RunRequest.of(checked(raw), "transformer-chitchat")
+    plan = plan_training(request, project).model_copy(update={"storage": str(tmp_path / "s")})
+    with pytest.raises(ConfigError) as err:
+        train_plan(plan, show_progress=False)
+    assert err.value.key == "train.models.transformer.schedule.warmup_steps"
+    assert err.value.reason.startswith("the run's ")
+    assert "transformer-chitchat" not in str(err.value)
+    assert not (tmp_path / "s" / plan.name).exists()
+    client = mlflow.tracking.MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    assert not experiments or client.search_runs(experiments) == []
