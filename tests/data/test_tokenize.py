@@ -152,7 +152,7 @@ def test_stage_reports_each_step_in_a_log_and_nothing_with_no_progress(
     lines = capsys.readouterr().err.splitlines()  # captured: no terminal, so lines
     assert lines[0] == "tokenize chitchat: step 0/3 (0%), reading the corpus"
     # reading, vocabulary, encoding (one read of the corpus each)
-    assert [line.split("), ", 1)[1] for line in lines[1:-1]] == [
+    assert [line.split("), ", 1)[1].rsplit(", ", 2)[0] for line in lines[1:-1]] == [
         "building the vocabulary (10 train dialogues)",
         "encoding 10 train, 1 valid, 1 test dialogues: generate, lm",
     ]
