@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Peak memory and time of the tokenize stage on a generated chat corpus (issue 49):
-#   bench/tokenize_memory.sh CHECKOUT CORPUS.jsonl WORKDIR
+#   bench/tokenize_memory.sh CHECKOUT CORPUS.jsonl WORKDIR [CHUNK_DIALOGUES]
 # CHECKOUT: the hiertx checkout whose stage runs (with its .venv); WORKDIR: a scratch
 # project folder (params of profiles/custom.yaml, vocabulary 30k, the corpus declared as
 # an absolute path). Prints /usr/bin/time -v's wall time, CPU time and max RSS.
@@ -9,6 +9,7 @@ checkout=$(realpath "$1"); corpus=$(realpath "$2"); work=$3
 mkdir -p "$work" && cd "$work"
 sed -e "s|file: examples/chat.jsonl.*|file: $corpus|" -e "s|size: 2000|size: 30000|" \
     "$checkout/profiles/custom.yaml" > params.yaml
+if [ -n "${4:-}" ]; then sed -i "s|^tokenize:|tokenize:\n  chunk_dialogues: $4|" params.yaml; fi
 export PYTHONPATH=$checkout
 "$checkout/.venv/bin/python" - <<'PY'
 from pipeline.config import load_params
