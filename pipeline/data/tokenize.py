@@ -1,9 +1,11 @@
 """The tokenize stage's work: raw corpus folder -> vocabulary + example shards + manifest.
 
-``tokenize_corpus`` reads the corpus (``read_corpus``), builds the vocabulary (and, for
-MultiWOZ, the act inventory) from the TRAINING split only, encodes every split once, builds
-the examples of each task the corpus's params ask for, and writes them with
-``shards.write_shards``; the manifest goes last.
+``tokenize_corpus`` streams the corpus (``split_plan``): it plans the splits, builds the
+vocabulary (and, for MultiWOZ, the act inventory) from the TRAINING split only, encodes
+the dialogues a chunk at a time, builds the examples of each task the corpus's params ask
+for, and writes them with ``shards.ShardWriter``; the manifest goes last. ``read_splits``
+lists a corpus's dialogues by split in memory, for the stages that read a split whole
+(evaluate's references).
 """
 
 from __future__ import annotations
