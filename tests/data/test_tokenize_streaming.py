@@ -88,7 +88,18 @@ def check_streamed_equals_whole(
         assert TokenizeRecord.read(out / MANIFEST_FILE) == manifest
 
 
-@pytest.mark.parametrize("name", _built_in_cases())
+def _cases() -> list[object]:
+    """Each built-in corpus; slow where it is read from a real corpus (chitchat's is
+    read four times for each chunk size), not a fixture."""
+    return [
+        pytest.param(*case.values, id=case.id, marks=pytest.mark.slow)
+        if case.values[0] == "chitchat"
+        else case
+        for case in _built_in_cases()
+    ]
+
+
+@pytest.mark.parametrize("name", _cases())
 def test_every_built_in_corpus_streams_to_the_files_of_its_splits_built_whole(
     name: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -107,6 +118,7 @@ def test_every_declared_format_streams_to_the_files_of_its_splits_built_whole(
     check_streamed_equals_whole(MINE, corpus.root, tmp_path, source, split=split)
 
 
+@pytest.mark.slow
 def test_split_variants_stream_to_the_files_of_their_splits_built_whole(
     tmp_path: Path, shared_data: Path
 ) -> None:
