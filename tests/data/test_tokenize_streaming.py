@@ -21,7 +21,7 @@ from pipeline.data.encoding import encode_dialogues
 from pipeline.data.formats import ParseStats
 from pipeline.data.shards import write_shards
 from pipeline.data.tokenize import build_examples, encode_options, read_splits, tokenize_corpus
-from pipeline.errors import HiertxError
+from pipeline.errors import DataError, HiertxError
 from pipeline.names import Task
 from tests.data.test_corpus_contract import FIXTURES, MINE, _built_in, _built_in_cases, _declared
 
@@ -40,6 +40,9 @@ def reference(name: str, raw: Path | None, out: Path, params: TokenizeParams) ->
     stats = ParseStats()
     by_split = read_splits(name, raw, params, stats)
     train = by_split["train"]
+    if not train:
+        where = raw if raw is not None else name
+        raise DataError(where, "no training dialogues: the vocabulary is built from train")
     options = encode_options(corpus_spec(name, corpus.source), corpus, train)
     vocab = tokenize._vocabulary(train, options, corpus, out)
     tasks = tuple(sorted(dict.fromkeys(corpus.tasks), key=list(Task).index))
