@@ -29,8 +29,9 @@ from pathlib import Path
 # Settings that change where results are recorded (MLflow) or computed (which CPUs and
 # GPUs, where checkpoints go), not what they are: the stages read them but do not list them
 # under ``params:`` in dvc.yaml, so changing ``tracking.log_model`` or moving runs to GPUs
-# (``train.placement``) re-runs nothing.
-UNDECLARED_PARAMS = ("tracking", "train.placement")
+# (``train.placement``) re-runs nothing. ``tokenize.chunk_dialogues`` is how many
+# dialogues tokenize encodes at a time: the shards are the same bytes at any value.
+UNDECLARED_PARAMS = ("tracking", "train.placement", "tokenize.chunk_dialogues")
 
 DISTRIBUTION = "hiertx"
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -32,13 +32,14 @@ from pipeline.plan import load_checked
 
 def select_params(params: Params, corpus: str) -> TokenizeParams:
     """The part of params.yaml this stage reads (``params:`` of ``tokenize`` in dvc.yaml):
-    ``on_error``, ``shard_rows`` and the corpus's own settings."""
+    ``on_error``, ``shard_rows``, ``chunk_dialogues`` and the corpus's own settings."""
     section = params.tokenize
     if corpus not in section.corpora:
         raise ConfigError(f"tokenize.corpora.{corpus}", "no settings for this corpus")
     return TokenizeParams(
         on_error=section.on_error,
         shard_rows=section.shard_rows,
+        chunk_dialogues=section.chunk_dialogues,
         corpora={corpus: section.corpora[corpus]},
     )
 

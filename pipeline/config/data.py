@@ -346,4 +346,10 @@ class TokenizeParams(Section):
 
     on_error: OnError = OnError.RAISE
     shard_rows: int = Field(default=50_000, gt=0)
+    chunk_dialogues: int = Field(
+        default=2_000,
+        gt=0,
+        description="dialogues encoded at a time: the stage holds one such chunk (and the "
+        "vocabulary), not the corpus; the examples do not depend on it",
+    )
     corpora: dict[CorpusKey, CorpusParams] = Field(default_factory=dict)

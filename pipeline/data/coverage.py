@@ -13,10 +13,10 @@ dialogues the split needs (``splits.fewest_dialogues``) or the fractions that fi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipeline.config import CorpusParams, SplitParams
-from pipeline.data.dialogue import Dialogue
 from pipeline.data.splits import (
     Split,
     assign_splits,
@@ -38,14 +38,14 @@ def check_every_split(
     name: str,
     corpus: CorpusParams,
     counts: dict[str, dict[str, int]],
-    by_split: dict[str, list[Dialogue]],
+    by_split: Mapping[str, Sequence[str]],
     raw: Path | None,
 ) -> None:
     """Refuse a task of corpus ``name`` without examples in a split (``counts``: examples
-    by task and split, as the tokenize record counts them; ``by_split``: the dialogues each
-    split was built from; ``raw``: the corpus's download folder). The ``DataError`` names
-    the corpus's file, the task, the counts, what each empty split is needed for and the
-    fix."""
+    by task and split, as the tokenize record counts them; ``by_split``: the ids of the
+    dialogues each split was built from; ``raw``: the corpus's download folder). The
+    ``DataError`` names the corpus's file, the task, the counts, what each empty split is
+    needed for and the fix."""
     dialogues = {split: len(found) for split, found in by_split.items()}
     for task, rows in counts.items():
         empty = [split for split in Split if rows.get(split.value, 0) == 0]
@@ -101,7 +101,7 @@ def _fill(
 
 
 def _seeded_split(
-    corpus: CorpusParams, by_split: dict[str, list[Dialogue]]
+    corpus: CorpusParams, by_split: Mapping[str, Sequence[str]]
 ) -> tuple[SplitParams, tuple[str, ...]] | None:
     """The params of the seeded split that drew the corpus's splits, and the splits it
     drew; None for a corpus that brings its own splits. A built-in corpus says nothing of
@@ -115,7 +115,7 @@ def _seeded_split(
     if source is not None:
         own = source.file is None or source.format.traits.own_splits
         return None if own else (corpus.split, every)
-    where = {d.id: split for split, found in by_split.items() for d in found}
+    where = {i: split for split, found in by_split.items() for i in found}
     try:
         drawn = assign_splits(where, corpus.split)
     except ValueError:  # a dialogue id twice: not the seeded split's

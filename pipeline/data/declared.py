@@ -77,23 +77,34 @@ def target_name(file: FileSource, split: str | None) -> str:
     return f"{split or WHOLE}{suffix}"
 
 
-def read_declared(root: Path | None, split: Split | None, ctx: ParseContext) -> Iterator[Dialogue]:
-    """The dialogues of a declared corpus's download folder ``root`` (its ``SOURCES.json``
-    says the format and files), of ``split`` or every split, each with ``meta["split"]``."""
+def declared_record(root: Path | None) -> DownloadRecord:
+    """The download record of the declared corpus in folder ``root``."""
     if root is None:
         raise DataError("<root>", "a declared corpus is read from its download folder")
     record = DownloadRecord.read(root / SOURCES_FILE)
     if record.declared is None:
         raise DataError(root / SOURCES_FILE, "not the download record of a declared corpus")
+    return record
+
+
+def read_files(root: Path | None, ctx: ParseContext) -> Iterator[tuple[str, Dialogue]]:
+    """The dialogues of a declared corpus's files, file after file in file order, each with
+    the split key of its file (``all``: the one file, whose dialogues carry their own split
+    or are split by seed), read as they are consumed. A file without dialogues is an error
+    naming it and the params key, raised once it is read."""
+    record = declared_record(root)
+    assert root is not None and record.declared is not None
     form = record.declared.format
-    by_split: dict[str, list[Dialogue]] = {}
     for part, file_name in record.split_files.items():
         shown = record.files[file_name].url
         key = f"{source_key(record.corpus, None if part == WHOLE else part)}.file"
         if _blank(root / file_name):
             raise _holds_none(shown, "the file is empty", key, form)
-        dialogues = list(READERS[form](root / file_name, ctx, shown_as=shown))
-        if not dialogues:
+        found = 0
+        for dialogue in READERS[form](root / file_name, ctx, shown_as=shown):
+            found += 1
+            yield part, dialogue
+        if not found:
             skipped = ctx.stats.skipped.get(shown, 0)
             what = (
                 f"no dialogue in the file: its {skipped} malformed records were skipped "
@@ -102,10 +113,27 @@ def read_declared(root: Path | None, split: Split | None, ctx: ParseContext) -> 
                 else "no dialogue with a turn in the file"
             )
             raise _holds_none(shown, what, key, form)
+
+
+def split_by_seed(part: str, form: SourceFormat) -> bool:
+    """Whether the dialogues of the file with split key ``part`` are split by the seeded
+    split (one file of a format without splits of its own)."""
+    return part == WHOLE and not form.traits.own_splits
+
+
+def read_declared(root: Path | None, split: Split | None, ctx: ParseContext) -> Iterator[Dialogue]:
+    """The dialogues of a declared corpus's download folder ``root`` (its ``SOURCES.json``
+    says the format and files), of ``split`` or every split, each with ``meta["split"]``."""
+    form = declared_record(root).declared.format  # type: ignore[union-attr]
+    files: dict[str, list[Dialogue]] = {}
+    for part, dialogue in read_files(root, ctx):
+        files.setdefault(part, []).append(dialogue)
+    by_split: dict[str, list[Dialogue]] = {}
+    for part, dialogues in files.items():
         if part == WHOLE and form.traits.own_splits:
             for d in dialogues:
                 by_split.setdefault(str(d.meta["split"]), []).append(d)
-        elif part == WHOLE:
+        elif split_by_seed(part, form):
             assignment = assign_splits((d.id for d in dialogues), ctx.split)
             for d in dialogues:
                 by_split.setdefault(assignment[d.id].value, []).append(d)

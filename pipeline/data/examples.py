@@ -114,19 +114,19 @@ def build_select(
     ``generated``: the ``build_generate`` table of the same dialogues and ``history``
     params; its histories (the same rows) are reused instead of rebuilt.
     """
-    rule = _Rule(params, history, split, seed)
+    rule = SelectRule(params, history, split, seed)
     own = [d for d in dialogues if d.candidates is not None and d.utterances]
     sampled = [d for d in dialogues if d.candidates is None]
     if own and sampled:  # not met in the corpora: a slow but simple merge
-        both = [*_own_candidates(own, rule), *_sampled_candidates(sampled, rule)]
+        both = [*own_candidates(own, rule), *_sampled_candidates(sampled, rule)]
         return ExampleTable.from_examples(both, SelectExample)
     if own:
-        return _own_candidates(own, rule)
+        return own_candidates(own, rule)
     return _sampled_candidates(sampled, rule, generated)
 
 
 @dataclass(frozen=True)
-class _Rule:
+class SelectRule:
     """How the select examples of one split are built (``build_select``'s arguments)."""
 
     params: SelectParams
@@ -135,9 +135,65 @@ class _Rule:
     seed: int
 
 
+@dataclass(frozen=True)
+class CandidatePool:
+    """What the negatives of a split's select examples are drawn from, one entry per pool
+    row (every example's true response, in example order; a dialogue's rows contiguous).
+
+    ``text_of``: an id per row, equal for rows of equal tokens (only equality is read);
+    ``first``/``count``: the rows of the row's own dialogue; ``distinct``: how many texts;
+    ``rows``: the wrapped responses themselves (the pool the select rows refer to).
+    """
+
+    text_of: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+    distinct: int
+    rows: Packed
+
+    @classmethod
+    def of(cls, rows: Packed, text_of: np.ndarray, dialogue: np.ndarray) -> CandidatePool:
+        """The pool of ``rows`` (``dialogue``: the dialogue of each row, rows of a dialogue
+        contiguous)."""
+        bounds = np.flatnonzero(np.diff(dialogue, prepend=-1, append=-2))
+        first = np.repeat(bounds[:-1], np.diff(bounds))
+        count = np.repeat(np.diff(bounds), np.diff(bounds))
+        distinct = int(text_of.max()) + 1 if len(text_of) else 0
+        return cls(text_of, first, count, distinct, rows)
+
+
+def response_rows(dialogues: Sequence[EncodedDialogue], limit: int) -> tuple[Packed, np.ndarray]:
+    """The candidate pool rows of ``dialogues`` (each response turn's ``<bos> .. <eos>``,
+    at most ``limit`` tokens, in example order) and the dialogue of each row."""
+    dialogue, turn = response_pairs(dialogues)
+    if not len(dialogue):
+        return Packed(np.zeros(0, INT), np.zeros(1, np.int64)), dialogue
+    flat = FlatSplit(dialogues)
+    return flat.wrapped(flat.first[dialogue] + turn, limit), dialogue
+
+
 def _sampled_candidates(
-    dialogues: Sequence[EncodedDialogue], rule: _Rule, generated: ExampleTable | None = None
+    dialogues: Sequence[EncodedDialogue], rule: SelectRule, generated: ExampleTable | None = None
 ) -> ExampleTable:
+    pool, dialogue = response_rows(dialogues, rule.params.max_candidate)
+    texts: dict[bytes, int] = {}
+    text_of = np.array(
+        [texts.setdefault(pool[k].tobytes(), len(texts)) for k in range(len(pool))], np.int64
+    )
+    return select_rows(dialogues, rule, CandidatePool.of(pool, text_of, dialogue), 0, generated)
+
+
+def select_rows(
+    dialogues: Sequence[EncodedDialogue],
+    rule: SelectRule,
+    pool: CandidatePool,
+    start: int,
+    generated: ExampleTable | None = None,
+) -> ExampleTable:
+    """The select examples of ``dialogues`` (dialogues without candidates of their own),
+    whose true responses are the pool rows from ``start`` on: negatives are drawn from
+    the whole ``pool``, so a split built a slice of dialogues at a time gets the rows it
+    gets built whole."""
     params, history, split, seed = rule.params, rule.history, rule.split, rule.seed
     train = split == Split.TRAIN
     n = params.n_candidates_train if train else params.n_candidates_eval
@@ -145,26 +201,22 @@ def _sampled_candidates(
     dialogue, turn = response_pairs(dialogues)
     if not len(dialogue):
         return ExampleTable(SelectExample, {}, 0)
-    flat = FlatSplit(dialogues)
-    utterance = flat.first[dialogue] + turn
-    # The pool: every example's true response; a dialogue's examples are contiguous.
-    pool = flat.wrapped(utterance, params.max_candidate)
-    texts: dict[bytes, int] = {}
-    text_of = np.array([texts.setdefault(pool[k].tobytes(), len(texts)) for k in range(len(pool))])
-    if len(texts) < n:
+    if pool.distinct < n:
         raise ConfigError(
-            key, f"the {split} split has only {len(texts)} distinct responses, fewer than "
+            key, f"the {split} split has only {pool.distinct} distinct responses, fewer than "
             f"{n} candidates; lower it or use more dialogues",
         )  # fmt: skip
-    bounds = np.flatnonzero(np.diff(dialogue, prepend=-1, append=-2))
-    block_first = np.repeat(bounds[:-1], np.diff(bounds))
-    block_count = np.repeat(np.diff(bounds), np.diff(bounds))
+    flat = FlatSplit(dialogues)
+    utterance = flat.first[dialogue] + turn
+    rows = np.arange(start, start + len(dialogue))
     ids = [dialogues[i].id for i in dialogue.tolist()]
     state = np.array(
         [_example_seed(seed, d, t) for d, t in zip(ids, turn.tolist(), strict=True)],
         dtype=np.uint64,
     )
-    negatives = draw_negatives(state, text_of, block_first, block_count, n - 1)
+    negatives = draw_negatives(
+        state, pool.text_of, pool.first[rows], pool.count[rows], n - 1, pool.text_of[rows]
+    )
     if negatives is None:
         raise ConfigError(
             key, f"could not draw {n - 1} distinct negatives from other dialogues for every "
@@ -175,7 +227,7 @@ def _sampled_candidates(
     shifted = np.clip(column - (column > at[:, None]), 0, n - 2)
     refs = np.where(
         column == at[:, None],
-        np.arange(len(pool))[:, None],
+        rows[:, None],
         np.take_along_axis(negatives, shifted, axis=1),
     ).astype(INT)
     labels = (column == at[:, None]).astype(np.int8)
@@ -192,15 +244,15 @@ def _sampled_candidates(
         contexts = flat.histories(
             utterance, first, flat.speaker_codes[utterance], history
         ).columns()
-    per_row = np.arange(0, len(pool) * n + 1, n, dtype=np.int64)
+    per_row = np.arange(0, len(rows) * n + 1, n, dtype=np.int64)
     columns: dict[str, Column] = {
         "dialogue_id": ids,
         "turn": turn,
         **contexts,
-        "candidate_ids": Nested(pool, per_row, refs.ravel()),
+        "candidate_ids": Nested(pool.rows, per_row, refs.ravel()),
         "labels": Packed(labels.ravel(), per_row),
     }
-    return ExampleTable(SelectExample, columns, len(pool))
+    return ExampleTable(SelectExample, columns, len(rows))
 
 
 def draw_negatives(
@@ -249,7 +301,9 @@ def draw_negatives(
     return None
 
 
-def _own_candidates(dialogues: Sequence[EncodedDialogue], rule: _Rule) -> ExampleTable:
+def own_candidates(dialogues: Sequence[EncodedDialogue], rule: SelectRule) -> ExampleTable:
+    """The select examples of dialogues with candidates of their own (DSTC7): one per
+    dialogue, built from it alone (its pool holds its candidates)."""
     params, history, split, seed = rule.params, rule.history, rule.split, rule.seed
     kept: list[list[int]] = []
     for d in dialogues:

@@ -252,6 +252,98 @@ def write_shards(
     return SplitFiles(infos, pool)
 
 
+class ShardWriter:
+    """The shards of one task and split written as their rows arrive, a table at a time:
+    the files :func:`write_shards` writes for all the rows at once, while only the rows of
+    the shard being filled are held (a shard is written as soon as it is full).
+
+    Select tables are added with their pool (:meth:`add`, ``own_pool``: corpora with their
+    own candidates, whose pools are concatenated and the refs shifted to match) or refer to
+    a pool written once for the split (:meth:`write_pool`). Creating one removes the
+    split's older shards, as :func:`write_shards` does; :meth:`close` writes the last.
+    """
+
+    def __init__(self, root: str | Path, task: Task | str, split: str, shard_rows: int) -> None:
+        self.root = Path(root)
+        self.task = Task(task)
+        self.split = split
+        self.shard_rows = shard_rows
+        self.rows = 0
+        self.target_tokens = 0
+        folder = self.root / self.task.value
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in [*folder.glob(f"{split}-*.arrow"), *folder.glob(f".{split}-*.tmp")]:
+            old.unlink()
+        self._pending: list[pa.RecordBatch] = []
+        self._held = 0
+        self._shards: list[ShardFile] = []
+        self._pool_parts: list[pa.RecordBatch] = []
+        self._pool_rows = 0
+        self._pool: ShardFile | None = None
+
+    def add(self, table: ExampleTable, own_pool: bool = False) -> None:
+        """Append ``table``'s rows (``own_pool``: a select table whose pool holds its own
+        candidates, appended to the split's pool)."""
+        if table.kind is not EXAMPLE_TYPES[self.task]:
+            raise TypeError(f"{table.kind.__name__} rows are not {self.task.value} examples")
+        self.target_tokens += table.scored_tokens()
+        if not len(table):
+            return
+        batch = to_record_batch(table)
+        if own_pool and (pool := pool_record_batch(table)) is not None:
+            if self._pool_rows:
+                refs = batch.column(_REFS)
+                shifted = pa.ListArray.from_arrays(
+                    refs.offsets, pa.array(refs.values.to_numpy() + self._pool_rows)
+                )
+                batch = batch.set_column(batch.schema.get_field_index(_REFS), _REFS, shifted)
+            self._pool_parts.append(pool)
+            self._pool_rows += pool.num_rows
+        self._pending.append(batch)
+        self._held += batch.num_rows
+        self.rows += batch.num_rows
+        while self._held >= self.shard_rows:
+            self._write_shard(self.shard_rows)
+
+    def write_pool(self, pool: Packed) -> Packed:
+        """Write the split's candidate pool (the rows of later select tables refer to it);
+        the pool read back memory-mapped."""
+        if not len(pool):
+            return pool
+        path = pool_path(self.root, self.split)
+        batch = _record_batch({"candidate_ids": _packed_array(pool)}, Task.SELECT, _POOL)
+        self._pool = _write_batch(self.root, path, batch)
+        column = pa.ipc.open_file(pa.memory_map(str(path), "r")).get_batch(0).column(0)
+        return Packed(column.values.to_numpy(zero_copy_only=True), column.offsets.to_numpy())
+
+    def _write_shard(self, rows: int) -> None:
+        table = pa.Table.from_batches(self._pending)
+        batch = _one_batch(table.slice(0, rows))
+        index = len(self._shards)
+        self._shards.append(
+            _write_batch(self.root, shard_path(self.root, self.task, self.split, index), batch)
+        )
+        self._pending = table.slice(rows).to_batches()
+        self._held -= rows
+
+    def close(self) -> SplitFiles:
+        """Write the last shard (and a pool of its own candidates); what was written."""
+        if self._held:
+            self._write_shard(self._held)
+        if self._pool_parts:
+            batch = _one_batch(pa.Table.from_batches(self._pool_parts))
+            self._pool = _write_batch(self.root, pool_path(self.root, self.split), batch)
+        return SplitFiles(list(self._shards), self._pool)
+
+
+def _one_batch(table: pa.Table) -> pa.RecordBatch:
+    """The rows of ``table`` as one record batch of fresh arrays (no slice offsets), as the
+    builders make them."""
+    arrays = [pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], column.type)
+              for column in table.columns]  # fmt: skip
+    return pa.RecordBatch.from_arrays(arrays, schema=table.schema)
+
+
 # --------------------------------------------------------------------------- reading
 
 

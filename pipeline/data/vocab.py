@@ -11,6 +11,7 @@ built from the TRAINING split only, and ``content_hash`` identifies it in manife
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -221,12 +222,7 @@ def build_vocab(texts: Iterable[str], params: VocabParams, reserved: Sequence[st
         )
     if params.kind == "bpe":
         return _build_bpe(texts, params, reserved)
-    # One pass over all the text (much faster than one call per text).
-    joined = "\n".join(texts)
-    if params.kind == "whitespace":
-        counts = Counter((joined.lower() if params.lowercase else joined).split())
-    else:
-        counts = Counter(word_tokenize(joined, params.lowercase))
+    counts = count_tokens(texts, params)
     for token in (*SPECIAL_TOKENS, *reserved):
         counts.pop(token, None)
     # Count descending, then the token itself: the result is a function of the text alone.
@@ -234,6 +230,22 @@ def build_vocab(texts: Iterable[str], params: VocabParams, reserved: Sequence[st
         (t for t, c in counts.items() if c >= params.min_freq), key=lambda t: (-counts[t], t)
     )
     return Vocab([*SPECIAL_TOKENS, *reserved, *ranked[:room]], params.kind, params.lowercase)
+
+
+def count_tokens(texts: Iterable[str], params: VocabParams, batch: int = 65_536) -> Counter[str]:
+    """How often each word of ``texts`` occurs, tokenized as a ``params.kind`` vocabulary
+    tokenizes. Texts are joined ``batch`` at a time (one regex pass per batch is much faster
+    than one per text, and a batch bounds the memory); no token spans the newline that
+    joins them, so the counts are those of the texts one by one."""
+    counts: Counter[str] = Counter()
+    it = iter(texts)
+    while chunk := list(itertools.islice(it, batch)):
+        joined = "\n".join(chunk)
+        if params.kind == "whitespace":
+            counts.update((joined.lower() if params.lowercase else joined).split())
+        else:
+            counts.update(word_tokenize(joined, params.lowercase))
+    return counts
 
 
 def _build_bpe(texts: Iterable[str], params: VocabParams, reserved: tuple[str, ...]) -> Vocab:

@@ -150,22 +150,13 @@ def test_stage_reports_each_step_in_a_log_and_nothing_with_no_progress(
     argv = ["chitchat", "--params", str(params), "--raw", str(raw.parent), "--out", str(tmp_path)]
     assert stage.main(argv) == 0
     lines = capsys.readouterr().err.splitlines()  # captured: no terminal, so lines
-    steps = [line.split(", ")[1] for line in lines[1:-1]]
-    assert lines[0] == "tokenize chitchat: step 0/11 (0%), reading the corpus"
-    # 3 splits x (encoding + 2 tasks) + reading + vocabulary
-    assert steps == [
-        "building the vocabulary",
-        "encoding train (10 dialogues)",
-        "generate examples of train",
-        "lm examples of train",
-        "encoding valid (1 dialogues)",
-        "generate examples of valid",
-        "lm examples of valid",
-        "encoding test (1 dialogues)",
-        "generate examples of test",
-        "lm examples of test",
+    assert lines[0] == "tokenize chitchat: step 0/3 (0%), reading the corpus"
+    # reading, vocabulary, encoding (one read of the corpus each)
+    assert [line.split("), ", 1)[1].rsplit(", ", 2)[0] for line in lines[1:-1]] == [
+        "building the vocabulary (10 train dialogues)",
+        "encoding 10 train, 1 valid, 1 test dialogues: generate, lm",
     ]
-    assert lines[-1].startswith("tokenize chitchat: finished step 11/11 (100%) in ")
+    assert lines[-1].startswith("tokenize chitchat: finished step 3/3 (100%) in ")
     assert stage.main([*argv, "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
 

@@ -204,17 +204,21 @@ def _parse_line(raw: bytes) -> dict[str, Any]:
 
 
 def _lines(path: Path, shown: str) -> Iterator[tuple[int, bytes]]:
-    """Non-blank lines with their 1-based numbers, BOM and CR removed."""
-    data = path.read_bytes()
-    if data.startswith(_UTF16_BOMS):
-        raise RecordError(shown, "UTF-16 text; save the file as UTF-8", kind="bad_encoding", line=1)
-    # Bytes split on b"\n" only: str.splitlines would also split inside JSON strings
-    # holding U+2028, U+0085 or a form feed, breaking a record in two.
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        # A BOM on any line, not just the first: files exported with one get concatenated.
-        line = raw.removesuffix(b"\r").removeprefix(codecs.BOM_UTF8)
-        if line.strip():
-            yield number, line
+    """Non-blank lines with their 1-based numbers, BOM and CR removed, read one at a time
+    (a file larger than memory streams through)."""
+    with path.open("rb") as f:
+        if f.read(2) in _UTF16_BOMS:
+            raise RecordError(
+                shown, "UTF-16 text; save the file as UTF-8", kind="bad_encoding", line=1
+            )
+        f.seek(0)
+        # A binary file's lines end at b"\n" only: str.splitlines would also split inside
+        # JSON strings holding U+2028, U+0085 or a form feed, breaking a record in two.
+        for number, raw in enumerate(f, start=1):
+            # A BOM on any line, not just the first: files exported with one get concatenated.
+            line = raw.removesuffix(b"\n").removesuffix(b"\r").removeprefix(codecs.BOM_UTF8)
+            if line.strip():
+                yield number, line
 
 
 def read_file(path: Path, ctx: ParseContext, *, shown_as: str | None = None) -> Iterator[Dialogue]:
