@@ -453,7 +453,9 @@ def tracking_uri_set(uri: str) -> Iterator[None]:
             yield
         finally:
             mlflow.set_tracking_uri(previous_uri)  # type: ignore[arg-type]  # None unsets it
-            if previous_env is not None:
+            if previous_env is None:
+                os.environ.pop(tracking_utils.MLFLOW_TRACKING_URI.name, None)
+            else:
                 os.environ[tracking_utils.MLFLOW_TRACKING_URI.name] = previous_env
 
 
