@@ -68,12 +68,14 @@ test-fast: setup  ## the inner loop: the tests not marked slow, in parallel (CI 
 # (pytest-reverse), shuffled with each seed of ORDER_SEEDS (pytest-random-order: the modules'
 # order and the tests' within each), then each test module alone in a fresh process,
 # TEST_WORKERS at a time, and lists what failed in which order. The not-slow tests (about
-# 30 min on 2 cores with TEST_WORKERS=2); SLOW=1: all of them. Both plugins act only when
-# asked: `make test` and `make test-fast` run in pytest's order. CI does not run it.
+# 30 min on 2 cores with TEST_WORKERS=2); SLOW=1: all of them. ORDERS: the orders to run
+# (ORDERS=alone: only each module alone). Both plugins act only when asked: `make test`
+# and `make test-fast` run in pytest's order. CI does not run it.
 ORDER_SEEDS ?= 1 2 3
+ORDERS      ?= reversed shuffled alone
 test-order: setup  ## the order-dependence search: reversed, 3 seeded shuffles, each module alone
 	$(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m tests.order --workers $(TEST_WORKERS) \
-		--seeds $(ORDER_SEEDS) $(if $(filter 1,$(SLOW)),--slow)
+		--orders $(ORDERS) --seeds $(ORDER_SEEDS) $(if $(filter 1,$(SLOW)),--slow)
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

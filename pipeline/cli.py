@@ -29,6 +29,7 @@ logit: higher is better; ``rank --help`` says more); an empty candidate is refus
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
@@ -102,20 +103,25 @@ def _local_model(layout: Layout, record: TrainRecord, params_file: Path) -> Any:
 
 def _mlflow_model(uri: str, tracking_uri: str | None = None) -> tuple[Any, str]:
     """The ``HiertxModel`` inside a logged pyfunc (called directly, so decoding params pass
-    without a signature), and the tracking store it came from."""
+    without a signature), and the tracking store it came from: ``tracking_uri`` (a run's
+    record names it: its registered models are there), set for the loading alone
+    (``serving.tracking_uri_set``), or MLflow's own default."""
     import mlflow
+
+    from pipeline.serving import tracking_uri_set
 
     store.configure_env()
     if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
         store.follow_move(tracking_uri)  # a moved project's store: models beside it
+    scope = tracking_uri_set(tracking_uri) if tracking_uri else contextlib.nullcontext()
     try:
-        model = mlflow.pyfunc.load_model(uri).unwrap_python_model()
+        with scope:
+            model = mlflow.pyfunc.load_model(uri).unwrap_python_model()
     except Exception as err:  # mlflow raises many types for a missing model or store
         raise ConfigError(
             "--model-uri", f"cannot load {uri} ({type(err).__name__}: {err})"
         ) from None
-    return model, mlflow.get_tracking_uri()
+    return model, tracking_uri or mlflow.get_tracking_uri()
 
 
 def load(args: argparse.Namespace) -> Any:

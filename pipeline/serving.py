@@ -29,11 +29,12 @@ with the model (``code_paths``) so it loads where hiertx is not installed; its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ from pipeline.models.saved import load_model
 from pipeline.names import Task
 
 SPEC_FILE = "serving.json"
-_GLOBAL_URI = threading.Lock()  # mlflow's tracking URI is process-global (log_pyfunc)
+_GLOBAL_URI = threading.Lock()  # mlflow's tracking URI is process-global (tracking_uri_set)
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -435,6 +436,29 @@ def pip_requirements() -> list[str]:
     return [pin(pkg, version(pkg)) for pkg in SERVED_DISTRIBUTIONS]
 
 
+@contextlib.contextmanager
+def tracking_uri_set(uri: str) -> Iterator[None]:
+    """MLflow's process-global tracking URI set to ``uri`` for the block, for the MLflow
+    calls that use no other (``pyfunc.log_model``; ``pyfunc.load_model`` of a ``models:/``
+    URI, whose registry lookup takes no URI). Restored exactly as it was, with the
+    ``MLFLOW_TRACKING_URI`` that ``set_tracking_uri`` exports (``get_tracking_uri()``
+    would return the variable's value and, set back, pin it for the rest of the process
+    even after the variable changes); one block at a time (seeds trained at once log from
+    threads of one process)."""
+    with _GLOBAL_URI:
+        previous_uri = tracking_utils._tracking_uri
+        previous_env = os.environ.get(tracking_utils.MLFLOW_TRACKING_URI.name)
+        mlflow.set_tracking_uri(uri)
+        try:
+            yield
+        finally:
+            mlflow.set_tracking_uri(previous_uri)  # type: ignore[arg-type]  # None unsets it
+            if previous_env is None:
+                os.environ.pop(tracking_utils.MLFLOW_TRACKING_URI.name, None)
+            else:
+                os.environ[tracking_utils.MLFLOW_TRACKING_URI.name] = previous_env
+
+
 def log_pyfunc(
     uri: str,
     run_id: str,
@@ -449,35 +473,24 @@ def log_pyfunc(
     ``registered_name``). Returns the registered version, or ``None``.
 
     ``mlflow.pyfunc.log_model`` only uses the process-global tracking URI: it is set for
-    the call and restored exactly as it was (``get_tracking_uri()`` would return the env
-    var's value and, set back, pin it for the rest of the process even after the variable
-    changes), one call at a time (seeds trained at once log from threads of one process).
-    """
-    with _GLOBAL_URI, tempfile.TemporaryDirectory() as tmp:
+    the call (:func:`tracking_uri_set`)."""
+    with tracking_uri_set(uri), tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp) / SPEC_FILE
         spec_path.write_text(json.dumps(asdict(spec)))
-        previous_uri = tracking_utils._tracking_uri
-        previous_env = os.environ.get(tracking_utils.MLFLOW_TRACKING_URI.name)
-        mlflow.set_tracking_uri(uri)
-        try:
-            with mlflow.start_run(run_id=run_id):
-                info = mlflow.pyfunc.log_model(
-                    name=name,
-                    python_model=HiertxModel(),
-                    artifacts={
-                        "checkpoint": str(checkpoint),
-                        "vocab": str(vocab),
-                        "spec": str(spec_path),
-                    },
-                    code_paths=[str(PACKAGE_DIR)],
-                    pip_requirements=pip_requirements(),
-                    signature=model_signature(spec),
-                    input_example=input_example(spec),
-                    registered_model_name=registered_name,
-                )
-        finally:
-            mlflow.set_tracking_uri(previous_uri)  # type: ignore[arg-type]  # None unsets it
-            if previous_env is not None:
-                os.environ[tracking_utils.MLFLOW_TRACKING_URI.name] = previous_env
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name=name,
+                python_model=HiertxModel(),
+                artifacts={
+                    "checkpoint": str(checkpoint),
+                    "vocab": str(vocab),
+                    "spec": str(spec_path),
+                },
+                code_paths=[str(PACKAGE_DIR)],
+                pip_requirements=pip_requirements(),
+                signature=model_signature(spec),
+                input_example=input_example(spec),
+                registered_model_name=registered_name,
+            )
     version = info.registered_model_version
     return None if version is None else str(version)

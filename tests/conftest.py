@@ -122,9 +122,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """One torch/OpenMP thread per process unless ``$OMP_NUM_THREADS`` says otherwise:
     ``make test`` runs a worker per core and one more, and the subprocesses tests start
-    inherit it."""
+    inherit it.
+
+    MLflow's settings (``store.configure_env``) from the start: every ``Tracker.start``
+    sets them process-wide, as a stage's process wants, so without them here a test would
+    run with or without them depending on whether a test before it started a tracker."""
     import torch
 
+    from pipeline.tracking import store
+
+    store.configure_env()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     config.pluginmanager.register(timing.Timing(config), "hiertx-timing")

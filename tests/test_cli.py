@@ -8,20 +8,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import pytest
 import torch
 import yaml
 
-from pipeline import cli
+from pipeline import cli, tracking
 from pipeline.data.loader import load_vocab
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.decode import DecodeConfig, generate
 from pipeline.models.saved import load_model
 from pipeline.names import Task
 from pipeline.plan import RunRequest, checked
-from pipeline.serving import ServingSpec, generate_batch, select_batch
+from pipeline.serving import ServingSpec, generate_batch, log_pyfunc, select_batch
 from pipeline.train.training import train_seeds
 from tests.eval.test_evaluate import project_params
+from tests.test_serving import tiny_checkpoint
 from tests.train.conftest import TINY_TRANSFORMER
 from tests.trained import write_trained
 
@@ -56,6 +58,28 @@ def run_cli(root: Path, *args: str, stdin: str = "") -> subprocess.CompletedProc
 
 def spec() -> ServingSpec:
     return ServingSpec.of(Task.GENERATE, checked(project_params()).corpus("chitchat"))
+
+
+@pytest.mark.slow  # logs a pyfunc: about 20 s
+def test_a_registered_model_loads_from_its_store_leaving_mlflow_s_uri_alone(tmp_path, monkeypatch):
+    """A run's registered model loads from the store its record names (``chat --run``),
+    without setting MLflow's process-wide tracking URI or the ``MLFLOW_TRACKING_URI`` that
+    ``mlflow.set_tracking_uri`` exports: what runs after it in the process (a training,
+    a test) still tracks into its own store."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    checkpoint, vocab = tiny_checkpoint(tmp_path)
+    tracker = tracking.Tracker.start(uri, uri, "e", "r")
+    version = tracker.call(
+        lambda client, run_id: log_pyfunc(
+            client.tracking_uri, run_id, "m", checkpoint=checkpoint, vocab=vocab, spec=spec()
+        )
+    )
+    tracker.end()
+    before = mlflow.get_tracking_uri()
+    model, store = cli._mlflow_model(f"models:/m/{version}", uri)
+    assert model.spec == spec() and store == uri
+    assert mlflow.get_tracking_uri() == before and "MLFLOW_TRACKING_URI" not in os.environ
 
 
 @pytest.mark.slow

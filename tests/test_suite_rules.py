@@ -182,3 +182,34 @@ def test_the_order_plugins_act_only_when_asked(pytester: pytest.Pytester) -> Non
     seeded = ("--random-order-bucket=module", "--random-order-seed=1")
     shuffled = order(*seeded)
     assert sorted(shuffled) == names and shuffled != names and order(*seeded) == shuffled
+
+
+# A test that reads MLflow's settings, and one that starts a tracker (which sets them).
+ENV_SUITE = """
+import os
+
+from pipeline.tracking import store
+
+def test_reads_the_settings():
+    assert {name: os.environ.get(name) for name in store.ENV_DEFAULTS} == store.ENV_DEFAULTS
+
+def test_starts_a_tracker():
+    store.configure_env()  # as Tracker.start does
+"""
+
+
+def test_mlflow_settings_are_the_same_before_and_after_a_tracker_starts(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``store.configure_env`` sets MLflow's settings process-wide: the project's
+    ``pytest_configure`` sets them first, so a test sees them whether or not a test before
+    it started a tracker (in pytest's order and reversed)."""
+    from pipeline.tracking import store
+
+    pytester.makepyfile(test_env=ENV_SUITE)
+    pytester.makeconftest("from tests.conftest import pytest_addoption, pytest_configure\n")
+    for order in ([], ["--reverse"]):
+        for name in store.ENV_DEFAULTS:  # a process no tracker has started in
+            monkeypatch.delenv(name, raising=False)
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *order)
+        result.assert_outcomes(passed=2)

@@ -108,7 +108,10 @@ def test_server_dying_mid_run_replays_everything_into_one_fallback_run(stores, m
         worker.log_metrics({"loss": 1.0}, step=3)
         driver.log_text("done", "notes.txt")
         driver.end()
-    assert [w.category for w in caught] == [TrackingUnavailable, TrackingUnavailable]
+    # every warning is recorded (a library's first-use warning too, whichever test comes
+    # first): only the tracking's own are counted
+    fell_back = [w for w in caught if issubclass(w.category, TrackingUnavailable)]
+    assert len(fell_back) == 2
     assert worker.fell_back and driver.fell_back and driver.ref.uri == fallback
     assert worker.run_id == driver.run_id != origin  # both found the same fallback run
     run = _run(fallback, driver.run_id)

@@ -67,13 +67,22 @@ class TrackingUnavailable(RuntimeWarning):
     """The tracking server failed; logging continues in the local fallback store."""
 
 
+# What configure_env sets where the user has not: no telemetry; fail fast against a dead
+# server (MLflow's defaults retry for minutes)
+ENV_DEFAULTS: Mapping[str, str] = {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
+
+
 def configure_env() -> None:
-    """Process-wide MLflow settings: no telemetry; fail fast against a dead server (the
-    defaults retry for minutes) unless the user chose otherwise."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    """Process-wide MLflow settings (:data:`ENV_DEFAULTS`), each unless the user chose
+    otherwise: in ``os.environ``, as MLflow reads them at every request and the processes
+    a run starts (Ray workers, stages) inherit them."""
+    for name, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def project_root(root: str | Path) -> Path:

@@ -5,6 +5,7 @@ tracked, tiny end to end. What the plan decides before any compute is
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 from pathlib import Path
 
@@ -158,10 +159,10 @@ def test_rerun_of_a_trained_config_keeps_its_mlflow_history(own, tmp_path, monke
     # `chat --run` finds the registered model from anywhere, through the relative store
     monkeypatch.chdir(tmp_path)
     args = cli.parser().parse_args(["chat", "--run", KEY, "--root", str(own)])
-    try:
-        assert cli.load(args).spec.task == "generate"
-    finally:
-        mlflow.set_tracking_uri(None)  # cli.load sets the process-wide URI
+    before = mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")
+    assert cli.load(args).spec.task == "generate"
+    # loading leaves MLflow's process-wide URI (and the variable it exports) as they were
+    assert (mlflow.get_tracking_uri(), os.environ.get("MLFLOW_TRACKING_URI")) == before
     assert not (tmp_path / "mlflow.db").exists()
 
     # without the checkpoint the training starts over: a run of its own, whole again
