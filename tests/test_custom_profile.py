@@ -22,7 +22,8 @@ import yaml
 
 from tests.projects import DVC, USER_PATH, VENV, dvc_json, edit_params, fresh_copy, run, user_env
 
-SHORTER = {"train.defaults.max_batches_per_epoch": 8}
+# 32 steps: the profile's 50-step warm-up would outlast them (refused), so 3
+SHORTER = {"train.defaults.max_batches_per_epoch": 8, "train.defaults.schedule.warmup_steps": 3}
 
 
 @pytest.mark.slow
