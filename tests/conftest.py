@@ -104,6 +104,34 @@ def on_ray_head(ray_head: SharedHead) -> Iterator[None]:
         yield
 
 
+def seed_random_state() -> None:
+    """Python's, NumPy's and torch's global generators to one fixed seed."""
+    import random
+
+    import numpy
+    import torch
+
+    random.seed(0)
+    numpy.random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Every test's fixtures, then its body (:func:`pytest_runtest_call`), start from the
+    same random state. The global generators are shared by every test in a process: a draw
+    in one test shifts what every later test draws, so a test whose check holds only for
+    some draws would pass or fail by its place in the queue. Reseeding at the call as well
+    keeps the body's draws the same whether a module fixture was set up for it or reused."""
+    seed_random_state()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    """The test's body starts from the fixed seed too (:func:`pytest_runtest_setup`)."""
+    seed_random_state()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     """After the test's own teardown: the session's Ray head stops unless the next test

@@ -64,6 +64,12 @@ while True:
 """
 
 
+def default_stop_signals() -> None:
+    """SIGINT, SIGTERM and SIGHUP back to their default action (in the driver's child)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, exited but not reaped, does not)."""
     try:
@@ -123,10 +129,11 @@ def test_a_signal_to_the_driver_stops_every_quiet_stage_cleanly(
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        # SIGINT as a terminal's foreground job has it: a test run started in the background
-        # (`make test &`) hands its children SIGINT ignored, and Python then installs no
-        # KeyboardInterrupt handler
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # the stop signals as a terminal's foreground job has them: a test run started in the
+        # background (`make test &`) hands its children SIGINT ignored (Python then installs
+        # no KeyboardInterrupt handler), one started under `nohup` SIGHUP ignored, and the
+        # driver keeps an inherited SIG_IGN by design
+        preexec_fn=default_stop_signals,
     )
     pids = stage_pids(project, driver)
     groups = {i: os.getpgid(pid) for i, pid in pids.items()}

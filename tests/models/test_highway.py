@@ -405,7 +405,9 @@ def test_lse_loss_by_hand():
 
 
 def test_lse_loss_gradient_is_finite_without_positives():
-    logits = torch.randn(2, 3, requires_grad=True)
+    # row 1's positive (-0.4) is below its negatives' log-sum-exp (1.30): its hinge is
+    # active (2.70 at margin 1), so each of its logits has a gradient
+    logits = torch.tensor([[0.3, -1.2, 0.5], [0.2, -0.4, 0.9]], requires_grad=True)
     labels = torch.tensor([[0.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
     ranking_loss(logits, labels, RankingLoss.LSE, 1.0).loss.backward()
     assert torch.isfinite(logits.grad).all()
