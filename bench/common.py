@@ -19,21 +19,20 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pipeline.config import GenerateParams
+from pipeline.config import GenerateParams, Precision
 from pipeline.data.batch import GenerateBatch
 from pipeline.data.encoding import EncodedDialogue
 from pipeline.data.examples import build_generate
 from pipeline.data.loader import collate_generate
 from pipeline.data.special import SPECIAL_TOKENS
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from pipeline.execution import ExecutionPolicy
 
 
 @dataclass(frozen=True)
@@ -207,14 +206,25 @@ def timing_cells(samples: Samples, scale: float = 1e3) -> list[object]:
     return [samples.median * scale, f"{number(q1 * scale)}-{number(q3 * scale)}"]
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    """Arguments every benchmark takes: repetitions, warm-up, threads, device, dtype."""
+def parser(description: str, precision: bool = True) -> argparse.ArgumentParser:
+    """Arguments every benchmark takes: repetitions, warm-up, threads, device and, unless
+    the runs' own params set it (``precision`` False), the precision (``--dtype``: its
+    older name, which the commands in ``bench/RESULTS.md`` use)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--repeats", type=int, default=7, help="timed repetitions per case")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per case first")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="autocast dtype")
+    if precision:
+        p.add_argument(
+            "--precision",
+            "--dtype",
+            type=Precision,
+            choices=list(Precision),
+            default=Precision.AUTO,
+            help="the training params' precision, as the execution policy reads it (auto: "
+            "bf16 autocast on CUDA, fp32 elsewhere)",
+        )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -229,14 +239,10 @@ def setup(args: argparse.Namespace) -> Environment:
     return environment(args.device)
 
 
-@contextlib.contextmanager
-def autocast(device: torch.device | str, dtype: str) -> Iterator[None]:
-    """Mixed precision for ``dtype`` other than fp32 (weights stay fp32)."""
-    if dtype == "fp32":
-        yield
-        return
-    with torch.autocast(torch.device(device).type, dtype=DTYPES[dtype]):
-        yield
+def evaluation_policy(args: argparse.Namespace) -> ExecutionPolicy:
+    """The execution policy an evaluation of a model trained at ``--precision`` runs
+    under on ``--device`` (its autocast: what a forward outside a training step takes)."""
+    return ExecutionPolicy.for_evaluation(args.precision, torch.device(args.device))
 
 
 def synthetic_batch(

@@ -46,6 +46,7 @@ from bench.gpu_check.report import (
     where,
 )
 from pipeline.artifacts import Layout
+from pipeline.config import Precision
 
 TIME_LIMIT_S = 480.0  # issue 32: at most 8 minutes on one H100
 # A smoke run on a CPU compiles the loop with Inductor: minutes on a busy 2-core machine.
@@ -176,7 +177,7 @@ def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
         raise SystemExit(f"--processes {processes}: at least 1")
     return Setup(
         device=args.device,
-        dtype="bf16" if cuda else "fp32",
+        precision=Precision.AUTO,
         smoke=smoke,
         backend=args.compile_backend or ("eager" if smoke else "inductor"),
         loop_backend=args.compile_backend or "inductor",
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(done[-1].markdown() + "\n", flush=True)
         note = (
             f"parts: {', '.join(p.key for p in done)}; compile backend {setup.backend} (peers), "
-            f"{setup.loop_backend} (the loop); {setup.precision}; "
+            f"{setup.loop_backend} (the loop); {setup.precision_note}; "
             f"peak {setup.peak_tflops or 'n/a'} TFLOP/s; "
             f"{'toy sizes (--smoke)' if setup.smoke else 'full sizes'}; "
             f"time limit {limit:.0f} s"
