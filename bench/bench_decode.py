@@ -22,6 +22,7 @@ from bench.common import (
     interleaved,
     number,
     parser,
+    place,
     setup,
     synthetic_batch,
     table,
@@ -60,7 +61,7 @@ def main() -> None:
     policy = evaluation_policy(args)
     s = SCALES[args.scale]
     batch = synthetic_batch(args.batch_size, args.history, 10, s.vocab, seed=args.seed)
-    batch = batch.to(args.device)
+    batch = place(batch, args.device)
     strategies = {
         "greedy": DecodeConfig(max_length=args.max_length, min_length=args.max_length),
         f"beam {args.beam}": DecodeConfig(
@@ -74,7 +75,7 @@ def main() -> None:
     rows = []
     for name in args.models:
         torch.manual_seed(args.seed)
-        model = build(name, s).to(args.device)
+        model = place(build(name, s), args.device)
         for label, config in strategies.items():
             configs = {
                 cached: config.model_copy(update={"use_cache": cached}) for cached in (True, False)

@@ -68,7 +68,9 @@ from bench import models
 from bench.common import (
     interleaved,
     number,
+    on_cuda,
     parser,
+    place,
     setup,
     synchronize,
     synthetic_batch,
@@ -124,7 +126,7 @@ def build(sizes: Sizes, layout: AttentionLayout, device: torch.device) -> HierTr
         layers=sizes.layers,
         attention_dropout=sizes.attention_dropout,
     )
-    return model.to(device)
+    return place(model, device)
 
 
 def batch_of(sizes: Sizes, length: int) -> GenerateBatch:
@@ -223,7 +225,7 @@ def _candidates(
                 return loss(batch).loss
 
         # On a CPU its training passes would take the dense mask: only the forward is flex.
-        trains = device.type == "cuda"
+        trains = on_cuda(device)
         out[COMPILED] = _Candidate(
             model, encode, loss_of, trains=trains, compile_backend=compile_backend
         )
@@ -271,7 +273,7 @@ def hier_attention_rows(
     for length in histories:
         for k, c in candidates.items():
             c.model.load_state_dict(initial[k])
-        batch = batch_of(sizes, length).to(device)
+        batch = place(batch_of(sizes, length), device)
         history, real = batch.history, batch.history.input_mask
         with torch.no_grad(), policy.autocast():
             for c in candidates.values():
@@ -459,7 +461,7 @@ def main() -> None:
         f"{args.layers}+{args.layers}+{args.layers} layers, dropout 0.1 in train, attention "
         f"dropout {attention_dropout} (flex: 0); precision {args.precision}; {args.repeats} "
         f"timed runs per case after {args.warmup} warm-up, interleaved"
-        + ("" if device.type == "cuda" else CPU_FLEX)
+        + ("" if on_cuda(device) else CPU_FLEX)
         + "\n"
     )
     headers = ["B x L", "real tokens", "utterance grid N x Lu", "final-utterance grid B x Lf"]

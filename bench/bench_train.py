@@ -54,6 +54,7 @@ from bench.common import (
     Samples,
     interleaved,
     parser,
+    place,
     setup,
     synthetic_batch,
     table,
@@ -176,7 +177,7 @@ def main() -> None:
         return
     s = SCALES[args.scale]
     batch = synthetic_batch(args.batch_size, args.history, args.target, s.vocab, seed=args.seed)
-    batch = batch.to(args.device)
+    batch = place(batch, args.device)
     n_target = int(batch.target_mask[:, 1:].sum())
     n_history = int(batch.history.input_mask.sum())
 
@@ -189,7 +190,7 @@ def main() -> None:
             label += " compiled" if compiled else ""
             torch.manual_seed(args.seed)
             model, loss_fn = seq2seq(name, s)
-            model.to(args.device)
+            place(model, args.device)
             params[label] = count_parameters(model)
             flops[label] = step_flops(model, loss_fn, batch)
             backend = "inductor" if compiled else None

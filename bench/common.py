@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from pipeline.data.examples import build_generate
 from pipeline.data.loader import collate_generate
 from pipeline.data.special import SPECIAL_TOKENS
 from pipeline.execution import ExecutionPolicy
+from pipeline.machine import gpu_names, has_gpu
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,9 @@ def environment(device: str = "cpu") -> Environment:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    if device.startswith("cuda") and torch.cuda.is_available():
-        device = f"{device} ({torch.cuda.get_device_name()})"
+    names = gpu_names() if on_cuda(device) else []
+    if names:
+        device = f"{device} ({names[torch.device(device).index or 0]})"
     return Environment(
         date=datetime.date.today().isoformat(),
         cpu=cpu,
@@ -141,9 +146,23 @@ class MetricStamps:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def on_cuda(device: torch.device | str) -> bool:
+    """Whether a benchmark runs on a CUDA device: its one test of the device (the parts
+    that only a GPU runs, the timing's wait below); how a step uses the device is the
+    execution policy's."""
+    return torch.device(device).type == "cuda"
+
+
+def place(value: T, device: torch.device | str) -> T:
+    """``value`` (a model, or a fixed batch a benchmark builds once) on ``device``: the
+    benchmarks' one move to the device outside the loop's and the policy's own (the
+    loop's step moves its model and batch itself)."""
+    return value.to(device)  # type: ignore[attr-defined, no-any-return]
+
+
 def synchronize(device: torch.device | str) -> None:
     """Wait for queued GPU work so wall-clock times cover it (no-op on CPU)."""
-    if torch.device(device).type == "cuda":
+    if on_cuda(device):
         torch.cuda.synchronize()
 
 
@@ -234,7 +253,7 @@ def setup(args: argparse.Namespace) -> Environment:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+    if on_cuda(args.device) and not has_gpu():
         raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
     return environment(args.device)
 

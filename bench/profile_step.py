@@ -27,7 +27,15 @@ from torch import nn
 from torch.autograd.profiler_util import EventList
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from bench.common import evaluation_policy, parser, setup, synthetic_batch, table
+from bench.common import (
+    evaluation_policy,
+    on_cuda,
+    parser,
+    place,
+    setup,
+    synthetic_batch,
+    table,
+)
 from bench.models import SCALES, seq2seq
 from bench.steps import StepSettings, loop_step
 from pipeline.data.batch import GenerateBatch
@@ -83,7 +91,7 @@ def profiled(fn: Callable[[], object], device: str) -> profile:
     """``fn`` run once under the profiler, with Python stacks (what :func:`phase_of`
     reads)."""
     activities = [ProfilerActivity.CPU]
-    if device.startswith("cuda"):
+    if on_cuda(device):
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities, with_stack=True) as prof:
         fn()
@@ -95,7 +103,7 @@ def op_averages(prof: profile, device: str) -> EventList:
     :func:`profiled` records for :func:`phase_of` (they are not ops)."""
     frames = {e.key for e in prof.events() if e.is_python_function}
     averages = [e for e in prof.key_averages() if e.key not in frames]
-    return EventList(averages, use_device="cuda" if device.startswith("cuda") else None)
+    return EventList(averages, use_device="cuda" if on_cuda(device) else None)
 
 
 def counts(ops: EventList, names: tuple[str, ...]) -> int:
@@ -121,10 +129,10 @@ def main() -> None:
         precision=args.precision, compile_backend="inductor" if args.compile else None
     )
     policy = evaluation_policy(args)
-    decode_batch = batch.to(args.device)
+    decode_batch = place(batch, args.device)
     # No <eos> is blocked and the models are untrained: decoding runs all max_length steps.
     decode_config = DecodeConfig(max_length=args.max_length, min_length=args.max_length)
-    sort = "self_cuda_time_total" if args.device.startswith("cuda") else "self_cpu_time_total"
+    sort = "self_cuda_time_total" if on_cuda(args.device) else "self_cpu_time_total"
 
     print(f"## Profile ({args.scale} size)\n")
     print(env.markdown() + "\n")

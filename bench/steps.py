@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bench.common import place
 from bench.models import OURS
 from pipeline.config import (
     CompileMode,
@@ -163,7 +164,7 @@ def peer_step(
     policy = ExecutionPolicy.for_training(
         params, device, backend=settings.compile_backend or "inductor"
     )
-    model.to(device)
+    place(model, device)
     (batch,) = policy.training_batches([batch])
     optimizer = make_optimizer(model, params.optimizer, policy.fused_optimizer)
     loss_of = _LossOf(model, loss_fn)

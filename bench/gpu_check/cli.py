@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import compile_seconds, environment
+from bench.common import compile_seconds, environment, on_cuda
 from bench.gpu_check.report import (
     REPO,
     Check,
@@ -47,6 +47,7 @@ from bench.gpu_check.report import (
 )
 from pipeline.artifacts import Layout
 from pipeline.config import Precision
+from pipeline.machine import has_gpu
 
 TIME_LIMIT_S = 480.0  # issue 32: at most 8 minutes on one H100
 # A smoke run on a CPU compiles the loop with Inductor: minutes on a busy 2-core machine.
@@ -149,13 +150,13 @@ def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
     compute."""
     from bench.gpu_check.ptb import missing_files
 
-    cuda = torch.device(args.device).type == "cuda"
+    cuda = on_cuda(args.device)
     if not cuda and not args.smoke:
         raise SystemExit(
             f"--device {args.device}: full sizes need a GPU (HIER's rows alone take minutes "
             "on a CPU); add --smoke for the same code paths at toy sizes"
         )
-    if cuda and not torch.cuda.is_available():
+    if cuda and not has_gpu():
         raise SystemExit(
             f"--device {args.device}: no CUDA device here; --device cpu --smoke runs the same "
             "code paths at toy sizes"

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from bench import models
-from bench.common import interleaved, number, synthetic_batch, table, timing_cells
+from bench.common import interleaved, number, place, synthetic_batch, table, timing_cells
 from bench.gpu_check.report import Check, Headline, Missing, Part, Setup, optional
 from bench.models import GPT2_SMALL, OURS, SCALES, TOY_LM, LMShapes, gpt, hf_gpt2
 from bench.steps import StepSettings, loop_step, peer_step, step_flops
@@ -127,8 +127,8 @@ def measure(candidates: list[Candidate], setup: Setup, optimizer: OptimizerKind)
     steps: dict[str, Callable[[], None]] = {}
     timed: dict[str, _Timed] = {}
     for c in candidates:
-        c.model.to(setup.device)
-        batch = c.batch.to(setup.device)
+        place(c.model, setup.device)
+        batch = place(c.batch, setup.device)
         flops = step_flops(c.model, c.loss_fn, batch)
         for compiled in (False, True)[: 1 + c.compiled]:
             label = f"{c.label} compiled" if compiled else c.label

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bench.common import Environment, table
+from bench.common import Environment, on_cuda, table
 from pipeline.config import Precision
 from pipeline.execution import autocast_dtype
 
@@ -82,7 +82,7 @@ class Setup:
 
     @property
     def cuda(self) -> bool:
-        return torch.device(self.device).type == "cuda"
+        return on_cuda(self.device)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
