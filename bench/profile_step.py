@@ -49,7 +49,7 @@ DECODE = "phase:decode"
 # frames read ``path(line): function``): the loss module's forward, autograd's backward,
 # clipping, the optimizer's step (torch labels it ``Optimizer.step#<class>.step``).
 PHASE_FRAMES = {
-    "forward": re.compile(r"pipeline/train/steps\.py\(\d+\): forward$"),
+    "forward": re.compile(re.escape("pipeline/train/steps.py") + r"\(\d+\): forward$"),
     "backward": re.compile(r"torch/_tensor\.py\(\d+\): backward$|^autograd::engine::"),
     "clip": re.compile(r"\): clip_grad_norm_$"),
     "optimizer": re.compile(r"^Optimizer\.step#"),
