@@ -1,10 +1,11 @@
 """Training throughput: our ``transformer``/``unet`` vs HuggingFace BART and torch.nn.Transformer.
 
-Our models (``OURS``) are trained by the training loop's own step (``bench.steps.loop_step``:
-the execution policy's autocast and compile, ``make_optimizer``, token weighting, clipping
-at 1.0 as the U-Net paper); the peers (``bart``, ``torch``) by their own code with the same
-optimizer (Adam, lr 1e-4, betas 0.9/0.98; fused on CUDA), autocast and clipping
-(``bench.steps.peer_step``), on the same batch, built by the data layer (default 16
+Our models (``bench.models.OURS``) are trained by the training loop's own step
+(``bench.steps.loop_step``: the execution policy's autocast and compile, ``make_optimizer``,
+token weighting, clipping at 1.0 as the U-Net paper); the peers (``bart``, ``torch``) by
+their own loss with everything else the same (``bench.steps.peer_step``: the optimizer,
+Adam at lr 1e-4 and betas 0.9/0.98, fused on CUDA; autocast; clipping; padding and compile
+settings), on the same batch, built by the data layer (default 16
 histories of up to 150 tokens, targets of up to 30). Throughput counts the target tokens
 the step is trained on (``target_mask[:, 1:]``).
 All candidates are built at the U-Net paper's size (d=256, 6+6 layers, 8 heads, FFN 1024,
@@ -60,7 +61,7 @@ from bench.common import (
     table,
     timing_cells,
 )
-from bench.models import CANDIDATES, SCALES, Sizes, seq2seq
+from bench.models import CANDIDATES, SCALES, Sizes, d_head, seq2seq
 from bench.steps import candidate_step, step_flops
 from pipeline.config import Precision
 from pipeline.models import registry
@@ -88,7 +89,7 @@ def ray_step_times(args, s: Sizes, workers: int, scratch: Path) -> tuple[list[fl
         n_encoder_layers=s.layers,
         n_decoder_layers=s.layers,
         n_heads=s.heads,
-        d_head=64 if s == Sizes() else s.d_model // s.heads,
+        d_head=d_head(s),
         d_ff=s.d_ff,
         dropout=s.dropout,
     )

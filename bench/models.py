@@ -115,7 +115,7 @@ def bart(s: Sizes) -> nn.Module:
     return model
 
 
-def _d_head(s: Sizes, paper_d_head: int = 64) -> int:
+def d_head(s: Sizes, paper_d_head: int = 64) -> int:
     """The paper's 8 heads x 64 at the paper's size; ``d_model / heads`` at any other."""
     return paper_d_head if s == Sizes() else s.d_model // s.heads
 
@@ -132,7 +132,7 @@ def seq2seq(name: str, s: Sizes) -> tuple[nn.Module, Loss]:
             n_encoder_layers=s.layers,
             n_decoder_layers=s.layers,
             n_heads=s.heads,
-            d_head=s.d_model // s.heads if name == "transformer_d32" else _d_head(s),
+            d_head=s.d_model // s.heads if name == "transformer_d32" else d_head(s),
             d_ff=s.d_ff,
             dropout=s.dropout,
             attention_dropout=0.0 if name == "transformer_p0" else None,
@@ -146,7 +146,7 @@ def seq2seq(name: str, s: Sizes) -> tuple[nn.Module, Loss]:
             n_layers=s.layers,
             n_decoder_layers=s.layers,
             n_heads=s.heads,
-            d_head=_d_head(s),
+            d_head=d_head(s),
             d_ff=s.d_ff,
             dropout=s.dropout,
         )
