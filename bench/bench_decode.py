@@ -17,16 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bench.common import (
-    evaluation_policy,
-    interleaved,
-    number,
-    parser,
-    place,
-    setup,
-    synthetic_batch,
-    table,
-)
+from bench.common import interleaved, number, parser, setup, synthetic_batch, table
+from bench.device import evaluation_policy, place
 from bench.models import SCALES, Sizes, s2sa, seq2seq
 from pipeline.data.batch import GenerateBatch
 from pipeline.decode import DecodeConfig, GenerationOutput, generate

@@ -65,17 +65,8 @@ import torch
 from torch import Tensor, nn
 
 from bench import models
-from bench.common import (
-    interleaved,
-    number,
-    on_cuda,
-    parser,
-    place,
-    setup,
-    synchronize,
-    synthetic_batch,
-    table,
-)
+from bench.common import interleaved, number, parser, setup, synthetic_batch, table
+from bench.device import on_cuda, place, synchronize
 from bench.steps import StepSettings, loop_step
 from pipeline.config import CompileMode, Precision, RunParams
 from pipeline.data.batch import GenerateBatch, History

@@ -55,12 +55,12 @@ from bench.common import (
     Samples,
     interleaved,
     parser,
-    place,
     setup,
     synthetic_batch,
     table,
     timing_cells,
 )
+from bench.device import place
 from bench.models import CANDIDATES, SCALES, Sizes, d_head, seq2seq
 from bench.steps import candidate_step, step_flops
 from pipeline.config import Precision

@@ -22,21 +22,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import numpy as np
 import torch
 
+from bench.device import on_cuda, synchronize
 from pipeline.config import GenerateParams, Precision
 from pipeline.data.batch import GenerateBatch
 from pipeline.data.encoding import EncodedDialogue
 from pipeline.data.examples import build_generate
 from pipeline.data.loader import collate_generate
 from pipeline.data.special import SPECIAL_TOKENS
-from pipeline.execution import ExecutionPolicy
 from pipeline.machine import gpu_names, has_gpu
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -146,26 +143,6 @@ class MetricStamps:
         return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def on_cuda(device: torch.device | str) -> bool:
-    """Whether a benchmark runs on a CUDA device: its one test of the device (the parts
-    that only a GPU runs, the timing's wait below); how a step uses the device is the
-    execution policy's."""
-    return torch.device(device).type == "cuda"
-
-
-def place(value: T, device: torch.device | str) -> T:
-    """``value`` (a model, or a fixed batch a benchmark builds once) on ``device``: the
-    benchmarks' one move to the device outside the loop's and the policy's own (the
-    loop's step moves its model and batch itself)."""
-    return value.to(device)  # type: ignore[attr-defined, no-any-return]
-
-
-def synchronize(device: torch.device | str) -> None:
-    """Wait for queued GPU work so wall-clock times cover it (no-op on CPU)."""
-    if on_cuda(device):
-        torch.cuda.synchronize()
-
-
 def interleaved(
     cases: dict[str, Callable[[], object]],
     repeats: int,
@@ -256,12 +233,6 @@ def setup(args: argparse.Namespace) -> Environment:
     if on_cuda(args.device) and not has_gpu():
         raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
     return environment(args.device)
-
-
-def evaluation_policy(args: argparse.Namespace) -> ExecutionPolicy:
-    """The execution policy an evaluation of a model trained at ``--precision`` runs
-    under on ``--device`` (its autocast: what a forward outside a training step takes)."""
-    return ExecutionPolicy.for_evaluation(args.precision, torch.device(args.device))
 
 
 def synthetic_batch(

@@ -27,15 +27,8 @@ from torch import nn
 from torch.autograd.profiler_util import EventList
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from bench.common import (
-    evaluation_policy,
-    on_cuda,
-    parser,
-    place,
-    setup,
-    synthetic_batch,
-    table,
-)
+from bench.common import parser, setup, synthetic_batch, table
+from bench.device import evaluation_policy, on_cuda, place
 from bench.models import SCALES, seq2seq
 from bench.steps import StepSettings, loop_step
 from pipeline.data.batch import GenerateBatch

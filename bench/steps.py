@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bench.common import place
+from bench.device import place
 from bench.models import OURS
 from pipeline.config import (
     CompileMode,

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from bench.common import compile_seconds, environment, on_cuda
+from bench.common import compile_seconds, environment
+from bench.device import on_cuda
 from bench.gpu_check.report import (
     REPO,
     Check,

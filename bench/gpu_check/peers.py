@@ -33,7 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from bench import models
-from bench.common import interleaved, number, place, synthetic_batch, table, timing_cells
+from bench.common import interleaved, number, synthetic_batch, table, timing_cells
+from bench.device import place
 from bench.gpu_check.report import Check, Headline, Missing, Part, Setup, optional
 from bench.models import GPT2_SMALL, OURS, SCALES, TOY_LM, LMShapes, gpt, hf_gpt2
 from bench.steps import StepSettings, loop_step, peer_step, step_flops

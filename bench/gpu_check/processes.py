@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from bench.common import MetricStamps, compile_seconds, on_cuda
+from bench.common import MetricStamps, compile_seconds
+from bench.device import on_cuda
 from bench.gpu_check.report import where
 from pipeline.plan import RunPlan
 from pipeline.train.job import train_job

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bench.common import Environment, on_cuda, table
+from bench.common import Environment, table
+from bench.device import on_cuda
 from pipeline.config import Precision
 from pipeline.execution import autocast_dtype
 

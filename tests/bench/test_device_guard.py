@@ -21,10 +21,10 @@ BENCH_PATTERNS = {
 }
 # The stated exceptions, with the lines each may hold.
 ALLOWED = {
-    # the benchmarks' machine: whether they run on CUDA (``on_cuda``), and their placement
-    # of a model or fixed batch they build (``place``)
-    ("bench/common.py", "device check"): 1,
-    ("bench/common.py", "device move"): 1,
+    # bench.device: whether a benchmark runs on CUDA (``on_cuda``), and its placement
+    # of a model or fixed batch it builds (``place``)
+    ("bench/device.py", "device check"): 1,
+    ("bench/device.py", "device move"): 1,
     # the peers' step: the loop's optimizer (``make_optimizer``) and clipping
     ("bench/steps.py", "step"): 2,
 }
