@@ -5,37 +5,39 @@
 ``use_cache=False`` it re-decodes the whole prefix every step. Both give the same tokens
 (checked). Models are untrained and ``min_length = max_length`` (30, the U-Net paper's
 limit), so every response is decoded to its full length: the worst case, and the same
-work in every run. The encoder runs once per call in both modes.
+work in every run. The encoder runs once per call in both modes. Models come from
+``bench.models``; decoding runs under the evaluation policy's autocast of ``--precision``
+(``ExecutionPolicy.for_evaluation``), as the evaluate stage decodes.
 
 Run: ``python -m bench.bench_decode`` (``--scale tiny`` for a smoke test).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 from torch import nn
 
-from bench.bench_train import SCALES, Sizes
-from bench.bench_train import build as build_candidate
 from bench.common import interleaved, number, parser, setup, synthetic_batch, table
-from pipeline.decode import DecodeConfig, generate
-from pipeline.models import registry
+from bench.device import evaluation_policy, place
+from bench.models import SCALES, Sizes, s2sa, seq2seq
+from pipeline.data.batch import GenerateBatch
+from pipeline.decode import DecodeConfig, GenerationOutput, generate
+from pipeline.execution import ExecutionPolicy
 
 MODELS = ("transformer", "unet", "s2sa")
 
 
 def build(name: str, s: Sizes) -> nn.Module:
-    if name == "s2sa":
-        if s == Sizes():
-            return registry.build("s2sa", s.vocab)  # the paper's sizes (256 everywhere)
-        return registry.build("s2sa", s.vocab, d_embed=s.d_model, d_hidden=s.d_model, d_head=8)
-    return build_candidate(name, s)[0]
+    """Model ``name`` of :data:`MODELS` at ``s``."""
+    return s2sa(s) if name == "s2sa" else seq2seq(name, s)[0]
+
+
+def decoded(
+    model: nn.Module, batch: GenerateBatch, config: DecodeConfig, policy: ExecutionPolicy
+) -> GenerationOutput:
+    """``generate`` under the policy's autocast."""
+    with policy.autocast():
+        return generate(model, batch, config)  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -48,9 +50,10 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=5)
     args = p.parse_args()
     env = setup(args)
+    policy = evaluation_policy(args)
     s = SCALES[args.scale]
     batch = synthetic_batch(args.batch_size, args.history, 10, s.vocab, seed=args.seed)
-    batch = batch.to(args.device)
+    batch = place(batch, args.device)
     strategies = {
         "greedy": DecodeConfig(max_length=args.max_length, min_length=args.max_length),
         f"beam {args.beam}": DecodeConfig(
@@ -64,15 +67,17 @@ def main() -> None:
     rows = []
     for name in args.models:
         torch.manual_seed(args.seed)
-        model = build(name, s).to(args.device)
+        model = place(build(name, s), args.device)
         for label, config in strategies.items():
             configs = {
                 cached: config.model_copy(update={"use_cache": cached}) for cached in (True, False)
             }
-            outputs = {c: generate(model, batch, cfg).tokens for c, cfg in configs.items()}
+            outputs = {c: decoded(model, batch, cfg, policy).tokens for c, cfg in configs.items()}
             same = torch.equal(outputs[True], outputs[False])
             cases = {
-                "cached" if c else "uncached": (lambda m=model, cfg=cfg: generate(m, batch, cfg))
+                "cached" if c else "uncached": (
+                    lambda m=model, cfg=cfg: decoded(m, batch, cfg, policy)
+                )
                 for c, cfg in configs.items()
             }
             r = interleaved(cases, args.repeats, args.warmup, args.device)
@@ -93,7 +98,8 @@ def main() -> None:
     print(env.markdown())
     print(
         f"- {args.batch_size} histories of up to {args.history} tokens, {args.max_length} "
-        f"tokens decoded per response, {args.scale} size, vocabulary {s.vocab:,}; "
+        f"tokens decoded per response, {args.scale} size, vocabulary {s.vocab:,}, "
+        f"precision {args.precision}; "
         f"{args.repeats} timed calls per case after {args.warmup} warm-up, interleaved\n"
     )
     headers = ["model", "search", "ms per batch cached / uncached", "responses/s cached"]

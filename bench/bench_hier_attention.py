@@ -39,15 +39,17 @@ FlexAttention fails on this graph (torch 2.13: ``LoweringException`` in
 backend.
 
 Measured for the encoder (UT and CT layers) alone (eval forward; train forward+backward
-with dropout) and for a whole ``hier`` training step (loss, backward), at HIER's sizes
+with dropout) and for a whole ``hier`` training step, the training loop's own
+(``bench.steps.loop_step``: loss, backward, clipping, the optimizer's step; the compiled
+row's compiled by the loop's policy), at HIER's sizes
 (d=100, 4 heads, FFN 100, 3+3+3 layers) and a fixed token budget per batch (4800 history
 positions: 32 x 150, 16 x 300, 8 x 600, 4 x 1200). Utterances have 5-25 tokens.
 
-``--device cuda --dtype bf16`` runs models and batches on the GPU under bf16 autocast;
-:func:`hier_attention_rows` gives the rows to other scripts (``bench.gpu_check``). Before,
-the script built and timed everything on the CPU in float32 whatever ``--device`` and
-``--dtype`` said: at 300-1,200 tokens that is seconds per masked step (bench/RESULTS.md),
-which is why it did not finish in 50 s on an H200.
+Precision is the execution policy's (``--precision``, a training params' value: ``auto``
+is bf16 autocast on CUDA, fp32 elsewhere): the training step's autocast is the loop's, the
+encoder passes' the evaluation policy's (``ExecutionPolicy.for_evaluation``).
+``--device cuda`` runs models and batches on the GPU; :func:`hier_attention_rows` gives
+the rows to other scripts (``bench.gpu_check``). HIER is built by ``bench.models.hier``.
 
 Run: ``python -m bench.bench_hier_attention`` (``--histories 40 --batch-tokens 160
 --d-model 16`` for a smoke test).
@@ -55,32 +57,21 @@ Run: ``python -m bench.bench_hier_attention`` (``--histories 40 --batch-tokens 1
 
 from __future__ import annotations
 
-import contextlib
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 from torch import Tensor, nn
 
-from bench.common import (
-    DTYPES,
-    interleaved,
-    number,
-    parser,
-    setup,
-    synchronize,
-    synthetic_batch,
-    table,
-)
+from bench import models
+from bench.common import interleaved, number, parser, setup, synthetic_batch, table
+from bench.device import on_cuda, place, synchronize
+from bench.steps import StepSettings, loop_step
+from pipeline.config import CompileMode, Precision, RunParams
 from pipeline.data.batch import GenerateBatch, History
-from pipeline.execution import CompileSettings
-from pipeline.models import masks, registry
+from pipeline.execution import CompileSettings, ExecutionPolicy
+from pipeline.models import masks
 from pipeline.models.hier import AttentionLayout, EncoderAttention, HierTransformer
 from pipeline.models.utterances import context_groups, utterance_groups
 from pipeline.train.steps import LossModule
@@ -115,38 +106,24 @@ SMOKE = Sizes(d_model=8, d_ff=8, heads=2, layers=1, vocab=40, target=4, batch_to
 
 
 def build(sizes: Sizes, layout: AttentionLayout, device: torch.device) -> HierTransformer:
+    """HIER at ``sizes`` in ``layout`` (``bench.models.hier``), seeded, on ``device``."""
     torch.manual_seed(sizes.seed)
-    attention_dropout = 0.0 if layout is AttentionLayout.FLEX else sizes.attention_dropout
-    model = registry.build(
-        "hier",
+    model = models.hier(
         sizes.vocab,
+        layout,
         d_model=sizes.d_model,
         d_ff=sizes.d_ff,
-        n_heads=sizes.heads,
-        n_utterance_layers=sizes.layers,
-        n_context_layers=sizes.layers,
-        n_decoder_layers=sizes.layers,
-        attention_layout=layout,
-        attention_dropout=attention_dropout,
+        heads=sizes.heads,
+        layers=sizes.layers,
+        attention_dropout=sizes.attention_dropout,
     )
-    assert isinstance(model, HierTransformer)
-    return model.to(device)
+    return place(model, device)
 
 
 def batch_of(sizes: Sizes, length: int) -> GenerateBatch:
     """The batch of ``length``-token histories within ``sizes.batch_tokens``."""
     batch_size = max(1, sizes.batch_tokens // length)
     return synthetic_batch(batch_size, length, sizes.target, sizes.vocab, seed=sizes.seed)
-
-
-@contextlib.contextmanager
-def precision(device: torch.device, dtype: torch.dtype | None) -> Iterator[None]:
-    """Autocast to ``dtype`` (None or float32: none)."""
-    if dtype in (None, torch.float32):
-        yield
-        return
-    with torch.autocast(device.type, dtype=dtype):
-        yield
 
 
 class PreparedMasks:
@@ -188,24 +165,34 @@ class _Encoder(nn.Module):
 
 @dataclass
 class _Candidate:
-    """A layout's model and how a pass runs it (eager methods, or compiled modules)."""
+    """A layout's model, how a pass runs it (eager methods, or compiled modules) and the
+    compile backend of its training step (None: eager)."""
 
     model: HierTransformer
     encode: Callable[[History], Tensor]
     loss: Callable[[GenerateBatch], Tensor]
     masks: PreparedMasks | None = None  # eager rows: masks built once, outside the timing
     trains: bool = True  # False: its encoder's forward only (compiled flex on a CPU)
+    compile_backend: str | None = None
 
     @property
     def kinds(self) -> tuple[str, ...]:
         return KINDS if self.trains else KINDS[:1]
 
 
+def _compile_settings(device: torch.device, backend: str) -> CompileSettings:
+    """How the training loop's policy compiles a step with ``backend`` on ``device``."""
+    params = RunParams(compile=CompileMode.ON)
+    settings = ExecutionPolicy.for_training(params, device, backend=backend).compile
+    assert settings is not None  # compile: on always compiles
+    return settings
+
+
 def _candidates(
     sizes: Sizes, device: torch.device, compile_backend: str | None
 ) -> dict[str, _Candidate]:
     """Every layout's candidate (the masked one's weights in each); with
-    ``compile_backend`` also :data:`COMPILED`."""
+    ``compile_backend`` also :data:`COMPILED`, compiled as the loop compiles its step."""
     out: dict[str, _Candidate] = {}
     for layout in LAYOUTS:
         model = build(sizes, layout, device)
@@ -214,7 +201,7 @@ def _candidates(
             model, lambda h, m=model: m.encode_history(h).states, _loss_of(model), masks_of
         )
     if compile_backend is not None:
-        settings = CompileSettings(backend=compile_backend)
+        settings = _compile_settings(device, compile_backend)
         model = build(sizes, AttentionLayout.FLEX, device)
         encoder, loss = _Encoder(model), LossModule(model)
         settings.apply(encoder)
@@ -229,7 +216,10 @@ def _candidates(
                 return loss(batch).loss
 
         # On a CPU its training passes would take the dense mask: only the forward is flex.
-        out[COMPILED] = _Candidate(model, encode, loss_of, trains=device.type == "cuda")
+        trains = on_cuda(device)
+        out[COMPILED] = _Candidate(
+            model, encode, loss_of, trains=trains, compile_backend=compile_backend
+        )
     reference = out[LAYOUTS[0].value].model
     for candidate in out.values():
         candidate.model.load_state_dict(reference.state_dict())
@@ -242,7 +232,7 @@ def _loss_of(model: HierTransformer) -> Callable[[GenerateBatch], Tensor]:
 
 def hier_attention_rows(
     device: torch.device,
-    dtype: torch.dtype | None,
+    precision: Precision,
     histories: Sequence[int],
     repeats: int,
     smoke: bool,
@@ -253,32 +243,39 @@ def hier_attention_rows(
     """One row per (history length, layout): ``batch`` ("B x L"), ``history`` (L),
     ``layout`` (masked, packed, flex; with ``compile_backend`` also :data:`COMPILED`), the
     median milliseconds ``encoder_fwd_ms`` (eval forward), ``encoder_train_ms`` (forward +
-    backward), ``step_ms`` (a hier training step), each one's ``*_speedup`` over the
-    masked layout, ``masks_ms`` (building the eval pass's masks, timed apart; None for the
-    compiled row, which builds them inside its graph), ``max_abs_diff`` (encoder outputs on
-    real tokens vs masked, eval), ``loss_diff`` (eval loss vs masked) and
-    ``max_grad_diff`` (the loss's parameter gradients vs masked, without dropout). The
+    backward), ``step_ms`` (the training loop's step of hier), each one's ``*_speedup``
+    over the masked layout, ``masks_ms`` (building the eval pass's masks, timed apart;
+    None for the compiled row, which builds them inside its graph), ``max_abs_diff``
+    (encoder outputs on real tokens vs masked, eval), ``loss_diff`` (eval loss vs masked)
+    and ``max_grad_diff`` (the loss's parameter gradients vs masked, without dropout). The
     compiled row on a CPU runs its encoder's forward only: its other values are None.
 
-    ``dtype`` is the autocast dtype (None: float32); ``smoke`` runs :data:`SMOKE`'s toy
-    sizes (``sizes`` otherwise; default HIER's)."""
+    ``precision`` is a training params' (the execution policy reads it: the step's
+    autocast, and the evaluation policy's for the encoder passes); ``smoke`` runs
+    :data:`SMOKE`'s toy sizes (``sizes`` otherwise; default HIER's). Every history
+    length starts from the same weights (the timed steps train them)."""
     sizes = SMOKE if smoke else sizes or Sizes()
     candidates = _candidates(sizes, device, compile_backend)
+    policy = ExecutionPolicy.for_evaluation(precision, device)
+    initial = {k: c.model.state_dict() for k, c in candidates.items()}
+    initial = {k: {n: v.clone() for n, v in state.items()} for k, state in initial.items()}
     base = LAYOUTS[0].value
     rows = []
     for length in histories:
-        batch = batch_of(sizes, length).to(device)
+        for k, c in candidates.items():
+            c.model.load_state_dict(initial[k])
+        batch = place(batch_of(sizes, length), device)
         history, real = batch.history, batch.history.input_mask
-        with torch.no_grad(), precision(device, dtype):
+        with torch.no_grad(), policy.autocast():
             for c in candidates.values():
                 c.model.eval()
             out = {k: c.encode(history).float() for k, c in candidates.items()}
             loss = {k: float(c.loss(batch)) for k, c in candidates.items() if c.trains}
-        grads = {k: _gradients(c, batch, device, dtype) for k, c in candidates.items() if c.trains}
+        grads = {k: _gradients(c, batch, policy) for k, c in candidates.items() if c.trains}
         cases = {}
         for k, c in candidates.items():
-            for kind, case in zip(c.kinds, _cases(c, batch), strict=False):
-                cases[f"{k} {kind}"] = _in_precision(case, device, dtype)
+            for kind, case in zip(c.kinds, _cases(c, batch, policy, precision), strict=False):
+                cases[f"{k} {kind}"] = case
         timed = interleaved(cases, repeats, warmup, device)
         for k, c in candidates.items():
             c.model.zero_grad(set_to_none=True)
@@ -304,13 +301,13 @@ def hier_attention_rows(
 
 
 def _gradients(
-    c: _Candidate, batch: GenerateBatch, device: torch.device, dtype: torch.dtype | None
+    c: _Candidate, batch: GenerateBatch, policy: ExecutionPolicy
 ) -> dict[str, torch.Tensor]:
     """The loss's parameter gradients without dropout (eval mode: every layout's draws would
     differ), through each layout's backward (FlexAttention's own on CUDA)."""
     c.model.eval()
     c.model.zero_grad(set_to_none=True)
-    with precision(device, dtype):
+    with policy.autocast():
         loss = c.loss(batch)
     loss.backward()
     grads = {k: p.grad.float().clone() for k, p in c.model.named_parameters() if p.grad is not None}
@@ -318,35 +315,28 @@ def _gradients(
     return grads
 
 
-def _cases(c: _Candidate, batch: GenerateBatch) -> list[Callable[[], None]]:
-    """The three timed calls: encoder eval forward, encoder forward + backward (training
-    mode), a whole training step's loss and backward."""
+def _cases(
+    c: _Candidate, batch: GenerateBatch, policy: ExecutionPolicy, precision: Precision
+) -> list[Callable[[], None]]:
+    """The timed calls: encoder eval forward and encoder forward + backward (training
+    mode), under the evaluation ``policy``'s autocast, and where the candidate trains, the
+    training loop's own step of it at ``precision`` (its autocast and compile the loop's)."""
     history, model = batch.history, c.model
 
     def encode() -> None:
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), policy.autocast():
             c.encode(history)
 
     def encode_train() -> None:
         model.train()
-        c.encode(history).float().sum().backward()
+        with policy.autocast():
+            c.encode(history).float().sum().backward()
 
-    def step() -> None:
-        model.train()
-        c.loss(batch).backward()
-
-    return [encode, encode_train, step]
-
-
-def _in_precision(
-    case: Callable[[], None], device: torch.device, dtype: torch.dtype | None
-) -> Callable[[], None]:
-    def run() -> None:
-        with precision(device, dtype):
-            case()
-
-    return run
+    if not c.trains:
+        return [encode]
+    settings = StepSettings(precision=precision, compile_backend=c.compile_backend)
+    return [encode, encode_train, loop_step(model, batch, batch.history.input_ids.device, settings)]
 
 
 def _timing(row: dict[str, object], kind: str) -> str:
@@ -442,10 +432,16 @@ def main() -> None:
         attention_dropout=args.attention_dropout,
         seed=args.seed,
     )
-    dtype = None if args.dtype == "fp32" else DTYPES[args.dtype]
     device = torch.device(args.device)
     rows = hier_attention_rows(
-        device, dtype, args.histories, args.repeats, False, args.warmup, sizes, args.compile_backend
+        device,
+        args.precision,
+        args.histories,
+        args.repeats,
+        False,
+        args.warmup,
+        sizes,
+        args.compile_backend,
     )
 
     print("## HT-Encoder attention: masked flat history vs packed token groups vs flex\n")
@@ -454,9 +450,9 @@ def main() -> None:
     print(
         f"- hier d_model={args.d_model}, heads={args.heads}, d_ff={args.d_ff}, "
         f"{args.layers}+{args.layers}+{args.layers} layers, dropout 0.1 in train, attention "
-        f"dropout {attention_dropout} (flex: 0); {args.dtype}; {args.repeats} timed runs per "
-        f"case after {args.warmup} warm-up, interleaved"
-        + ("" if device.type == "cuda" else CPU_FLEX)
+        f"dropout {attention_dropout} (flex: 0); precision {args.precision}; {args.repeats} "
+        f"timed runs per case after {args.warmup} warm-up, interleaved"
+        + ("" if on_cuda(device) else CPU_FLEX)
         + "\n"
     )
     headers = ["B x L", "real tokens", "utterance grid N x Lu", "final-utterance grid B x Lf"]

@@ -26,13 +26,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch
 
-from bench.bench_train import SCALES, build, candidate_step
 from bench.common import interleaved, number, parser, setup, table, timing_cells
+from bench.models import SCALES, seq2seq
+from bench.steps import candidate_step
 from pipeline.data.batch import Batch, GenerateBatch
 from pipeline.data.loader import BatchLoader, load_vocab, open_split
 
@@ -86,8 +84,8 @@ def main() -> None:
         vocab = len(load_vocab(root))
         sizes = type(sizes)(**{**sizes.__dict__, "vocab": vocab})
         torch.manual_seed(args.seed)
-        model, loss_fn = build(args.model, sizes)
-        step = candidate_step(args.model, model, loss_fn, batch, args.device, args.dtype)
+        model, loss_fn = seq2seq(args.model, sizes)
+        step = candidate_step(args.model, model, loss_fn, batch, args.device, args.precision)
 
         def load() -> None:
             for _ in range(args.loader_batches):

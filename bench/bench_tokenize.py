@@ -19,13 +19,9 @@ test).
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):  # `python bench/bench_tokenize.py` imports like `-m bench...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa
 
@@ -118,7 +114,7 @@ def check_equal(dialogues: list[Dialogue], vocab: Vocab, p: GenerateParams, out:
 
 
 def main() -> None:
-    p = parser(__doc__.splitlines()[0])
+    p = parser(__doc__.splitlines()[0], precision=False)  # no model runs
     p.add_argument("--dialogues", type=int, default=1000, help="conversations timed per repeat")
     p.add_argument("--params", default=str(REPO / "params.yaml"))
     p.set_defaults(repeats=3, warmup=1)

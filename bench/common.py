@@ -19,21 +19,21 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pipeline.config import GenerateParams
+from bench.device import on_cuda, synchronize
+from pipeline.config import GenerateParams, Precision
 from pipeline.data.batch import GenerateBatch
 from pipeline.data.encoding import EncodedDialogue
 from pipeline.data.examples import build_generate
 from pipeline.data.loader import collate_generate
 from pipeline.data.special import SPECIAL_TOKENS
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from pipeline.machine import gpu_names, has_gpu
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,9 @@ def environment(device: str = "cpu") -> Environment:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    if device.startswith("cuda") and torch.cuda.is_available():
-        device = f"{device} ({torch.cuda.get_device_name()})"
+    names = gpu_names() if on_cuda(device) else []
+    if names:
+        device = f"{device} ({names[torch.device(device).index or 0]})"
     return Environment(
         date=datetime.date.today().isoformat(),
         cpu=cpu,
@@ -140,12 +141,6 @@ class MetricStamps:
         if not path.is_file():
             return []
         return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def synchronize(device: torch.device | str) -> None:
-    """Wait for queued GPU work so wall-clock times cover it (no-op on CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def interleaved(
@@ -207,14 +202,25 @@ def timing_cells(samples: Samples, scale: float = 1e3) -> list[object]:
     return [samples.median * scale, f"{number(q1 * scale)}-{number(q3 * scale)}"]
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    """Arguments every benchmark takes: repetitions, warm-up, threads, device, dtype."""
+def parser(description: str, precision: bool = True) -> argparse.ArgumentParser:
+    """Arguments every benchmark takes: repetitions, warm-up, threads, device and, unless
+    the runs' own params set it (``precision`` False), the precision (``--dtype``: its
+    older name, which the commands in ``bench/RESULTS.md`` use)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--repeats", type=int, default=7, help="timed repetitions per case")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per case first")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="autocast dtype")
+    if precision:
+        p.add_argument(
+            "--precision",
+            "--dtype",
+            type=Precision,
+            choices=list(Precision),
+            default=Precision.AUTO,
+            help="the training params' precision, as the execution policy reads it (auto: "
+            "bf16 autocast on CUDA, fp32 elsewhere)",
+        )
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -224,19 +230,9 @@ def setup(args: argparse.Namespace) -> Environment:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+    if on_cuda(args.device) and not has_gpu():
         raise SystemExit(f"--device {args.device}: no CUDA device on this machine")
     return environment(args.device)
-
-
-@contextlib.contextmanager
-def autocast(device: torch.device | str, dtype: str) -> Iterator[None]:
-    """Mixed precision for ``dtype`` other than fp32 (weights stay fp32)."""
-    if dtype == "fp32":
-        yield
-        return
-    with torch.autocast(torch.device(device).type, dtype=DTYPES[dtype]):
-        yield
 
 
 def synthetic_batch(

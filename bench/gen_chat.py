@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-if __package__ in (None, ""):  # `python bench/gen_chat.py` imports like `-m bench...`
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 

@@ -5,12 +5,18 @@
   project's ``make_optimizer``, token weighting, clipping, the schedule) on a batch built
   by the data layer, moved and padded as the loop moves and pads its batches;
 - :func:`peer_step`: a peer model (HF GPT-2, BART, ``nn.Transformer``) trained through
-  its own code (its loss function, ``torch.compile``d as a function when compiled), with
-  the same optimizer (``make_optimizer``: fused Adam/AdamW on CUDA), autocast and clipping,
-  so that the rows differ in the models' code and the loop's overhead, nothing else.
+  its own code (its loss function) with everything else the loop's execution policy
+  decides for ours: the same optimizer (``make_optimizer``: fused Adam/AdamW on CUDA),
+  autocast, clipping, the batch padded and moved as the loop pads and moves ours, and,
+  when compiled, the policy's compile of it (``CompileSettings``: the same backend and
+  mode, dynamic shapes without duck sizing), so that the rows differ in the models' code
+  and the loop's overhead, nothing else. (A user who calls a bare ``torch.compile`` on a
+  peer gets static shapes first, duck sizing, no padding: not what these rows measure.)
 
 Both share :class:`StepSettings`; a step is a callable with no arguments (one optimizer
-step on its fixed batch), which ``common.interleaved`` times.
+step on its fixed batch), which ``common.interleaved`` times; :func:`candidate_step` is
+``bench.models``' candidate's step, ours or a peer's. :func:`step_flops` counts a step's
+model FLOPs.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bench.device import place
+from bench.models import OURS
 from pipeline.config import (
     CompileMode,
     OptimizerKind,
@@ -128,6 +136,18 @@ def loop_step(
     return lambda: step.step(prepared)
 
 
+class _LossOf(nn.Module):
+    """``forward(batch) = loss_fn(batch)``: a peer's loss as a module, so that the policy
+    compiles it as it compiles our loss module (``ExecutionPolicy.compile_module``)."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[Any], Tensor]) -> None:
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, batch: Batch) -> Tensor:
+        return self.loss_fn(batch)
+
+
 def peer_step(
     model: nn.Module,
     loss_fn: Callable[[Any], Tensor],
@@ -135,26 +155,60 @@ def peer_step(
     device: torch.device | str,
     settings: StepSettings,
 ) -> Callable[[], None]:
-    """One optimizer step of a peer ``model`` through its own ``loss_fn`` on ``batch``
-    (moved to ``device`` with the model), with the loop's optimizer, autocast and
-    clipping; ``loss_fn`` compiled as a function with the settings' backend, if any."""
+    """One optimizer step of a peer ``model`` through its own ``loss_fn`` on ``batch``,
+    everything else as the loop's execution policy of ``settings`` decides for our rows
+    (module docstring): the batch padded and moved, the optimizer, autocast, clipping,
+    the compile and the step's shape settings."""
     device = torch.device(device)
-    model.to(device)
-    batch = batch.to(device)
     params = settings.run_params()
-    policy = ExecutionPolicy.for_training(params, device)
-    optimizer = make_optimizer(model, params.optimizer, policy.fused_optimizer)
-    loss_of = (
-        torch.compile(loss_fn, backend=settings.compile_backend) if settings.compiled else loss_fn
+    policy = ExecutionPolicy.for_training(
+        params, device, backend=settings.compile_backend or "inductor"
     )
+    place(model, device)
+    (batch,) = policy.training_batches([batch])
+    optimizer = make_optimizer(model, params.optimizer, policy.fused_optimizer)
+    loss_of = _LossOf(model, loss_fn)
+    policy.compile_module(loss_of)
     model.train()
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with policy.autocast():
-            loss = loss_of(batch)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-        optimizer.step()
+        with policy.step(checked=False):
+            optimizer.zero_grad(set_to_none=True)
+            with policy.autocast():
+                loss = loss_of(batch)
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+            optimizer.step()
 
     return step
+
+
+def candidate_step(
+    name: str,
+    model: nn.Module,
+    loss_fn: Callable[[Batch], Tensor],
+    batch: Batch,
+    device: str,
+    precision: Precision,
+    compile_backend: str | None = None,
+) -> Callable[[], None]:
+    """One optimizer step of candidate ``name`` on ``batch`` at ``precision`` (the
+    execution policy's): ours (``bench.models.OURS``) the loop's own (:func:`loop_step`),
+    a peer's through its own ``loss_fn`` (:func:`peer_step`); compiled with
+    ``compile_backend`` unless None."""
+    settings = StepSettings(precision=precision, compile_backend=compile_backend)
+    if name in OURS:
+        return loop_step(model, batch, device, settings)
+    return peer_step(model, loss_fn, batch, device, settings)
+
+
+def step_flops(model: nn.Module, loss_fn: Callable[[Any], Tensor], batch: Batch) -> int:
+    """FLOPs of one forward + backward of ``loss_fn`` on ``batch`` (matmuls and attention,
+    ``torch.utils.flop_counter``); the gradients are dropped after."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(batch).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from bench.common import compile_seconds, environment
+from bench.device import on_cuda
 from bench.gpu_check.report import (
     REPO,
     Check,
@@ -46,6 +47,8 @@ from bench.gpu_check.report import (
     where,
 )
 from pipeline.artifacts import Layout
+from pipeline.config import Precision
+from pipeline.machine import has_gpu
 
 TIME_LIMIT_S = 480.0  # issue 32: at most 8 minutes on one H100
 # A smoke run on a CPU compiles the loop with Inductor: minutes on a busy 2-core machine.
@@ -148,13 +151,13 @@ def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
     compute."""
     from bench.gpu_check.ptb import missing_files
 
-    cuda = torch.device(args.device).type == "cuda"
+    cuda = on_cuda(args.device)
     if not cuda and not args.smoke:
         raise SystemExit(
             f"--device {args.device}: full sizes need a GPU (HIER's rows alone take minutes "
             "on a CPU); add --smoke for the same code paths at toy sizes"
         )
-    if cuda and not torch.cuda.is_available():
+    if cuda and not has_gpu():
         raise SystemExit(
             f"--device {args.device}: no CUDA device here; --device cpu --smoke runs the same "
             "code paths at toy sizes"
@@ -176,7 +179,7 @@ def setup_of(args: argparse.Namespace, scratch: Path) -> Setup:
         raise SystemExit(f"--processes {processes}: at least 1")
     return Setup(
         device=args.device,
-        dtype="bf16" if cuda else "fp32",
+        precision=Precision.AUTO,
         smoke=smoke,
         backend=args.compile_backend or ("eager" if smoke else "inductor"),
         loop_backend=args.compile_backend or "inductor",
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(done[-1].markdown() + "\n", flush=True)
         note = (
             f"parts: {', '.join(p.key for p in done)}; compile backend {setup.backend} (peers), "
-            f"{setup.loop_backend} (the loop); {setup.precision}; "
+            f"{setup.loop_backend} (the loop); {setup.precision_note}; "
             f"peak {setup.peak_tflops or 'n/a'} TFLOP/s; "
             f"{'toy sizes (--smoke)' if setup.smoke else 'full sizes'}; "
             f"time limit {limit:.0f} s"

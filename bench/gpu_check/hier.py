@@ -15,14 +15,14 @@ from bench.bench_hier_attention import (
     hier_attention_rows,
     rows_table,
 )
-from bench.common import DTYPES
 from bench.gpu_check.report import Check, Headline, Part
 
 HISTORIES = (300, 1200)
 TOY_HISTORIES = (24,)
 # Every layout computes the masked one's outputs on real tokens: the largest difference
-# allowed in the encoder's outputs and the loss (bf16 rounds at about 1e-2 relative).
-TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2}
+# allowed in the encoder's outputs and the loss, in fp32 and under the policy's autocast
+# (bf16, which rounds at about 1e-2 relative).
+TOLERANCE_FP32, TOLERANCE_AUTOCAST = 1e-4, 5e-2
 
 
 def hier_rows(check: Check, part: Part) -> None:
@@ -30,22 +30,28 @@ def hier_rows(check: Check, part: Part) -> None:
     loop compiles), speed-ups over the masked layout."""
     setup = check.setup
     histories = TOY_HISTORIES if setup.smoke else HISTORIES
-    dtype = None if setup.dtype == "fp32" else DTYPES[setup.dtype]
     device = torch.device(setup.device)
     rows = hier_attention_rows(
-        device, dtype, histories, setup.repeats, setup.smoke, setup.warmup, None, setup.backend
+        device,
+        setup.precision,
+        histories,
+        setup.repeats,
+        setup.smoke,
+        setup.warmup,
+        None,
+        setup.backend,
     )
     scale = "toy" if setup.smoke else "HIER's"
     part.text += [
         f"- `bench_hier_attention` at {scale} sizes, "
-        f"{setup.precision}, {setup.repeats} timed calls each after {setup.warmup} "
+        f"{setup.precision_note}, {setup.repeats} timed calls each after {setup.warmup} "
         "warm-up, interleaved; speed-ups over the masked layout; the eager layouts' masks "
         f"built once per batch, apart from the timing; `{COMPILED}`: compiled with "
         f"{setup.backend} as the loop compiles its step, its masks built inside the graph"
         + ("" if setup.cuda else CPU_FLEX),
         rows_table(rows),
     ]
-    tolerance = TOLERANCE[setup.dtype]
+    tolerance = TOLERANCE_FP32 if setup.autocast_dtype is None else TOLERANCE_AUTOCAST
     off = [
         f"{r['layout']} at {r['history']} tokens ({r['max_abs_diff']:.1e}, {r['loss_diff']})"
         for r in rows

@@ -9,11 +9,13 @@
   the U-Net paper's size on its synthetic batch (histories of up to 150 tokens, targets
   of up to 30), at a larger batch than ``bench_train``'s 16 (``Setup.seq2seq_batch``).
 
-Our models take the training loop's own step (``bench.steps.loop_step``: the execution
-policy's compile, ``make_optimizer``, token weighting); the peers take theirs through
-their own code with the same optimizer, autocast and clipping (``bench.steps.peer_step``);
-repetitions are interleaved (``bench.common.interleaved``). Compiled, ours is the loop's
-compiled step and a peer's is ``torch.compile`` of its loss function; the first step
+The models are ``bench.models``'. Ours take the training loop's own step
+(``bench.steps.loop_step``: the execution policy's compile, ``make_optimizer``, token
+weighting); the peers take theirs through their own code with everything else the same
+(``bench.steps.peer_step``: the optimizer, autocast, clipping, the batch's padding, and
+compiled, the policy's compile settings: dynamic shapes, no duck sizing); repetitions
+are interleaved (``bench.common.interleaved``). Compiled, ours is the loop's compiled
+step and a peer's is its loss function compiled by the same policy; the first step
 compiles and is timed apart, with the graph breaks dynamo counted. FLOPs per step come
 from ``torch.utils.flop_counter`` (forward + backward);
 MFU = FLOPs / step time / the card's dense peak.
@@ -30,17 +32,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bench.bench_train import OURS, SCALES, build, step_flops
+from bench import models
 from bench.common import interleaved, number, synthetic_batch, table, timing_cells
+from bench.device import place
 from bench.gpu_check.report import Check, Headline, Missing, Part, Setup, optional
-from bench.steps import StepSettings, loop_step, peer_step
+from bench.models import GPT2_SMALL, OURS, SCALES, TOY_LM, LMShapes, gpt, hf_gpt2
+from bench.steps import StepSettings, loop_step, peer_step, step_flops
 from pipeline.config import LMParams, OptimizerKind
 from pipeline.data.batch import Batch, LMBatch
 from pipeline.data.encoding import EncodedDialogue
 from pipeline.data.examples import build_lm
 from pipeline.data.loader import collate_lm
 from pipeline.data.special import SPECIAL_TOKENS
-from pipeline.models import registry
 from pipeline.models.base import count_parameters
 
 HEADERS = [
@@ -55,24 +58,6 @@ HEADERS = [
     "first step (compiling) s",
     "graph breaks",
 ]
-
-
-@dataclass(frozen=True)
-class LMShapes:
-    """A GPT's training shapes: ``batch`` documents of ``length`` tokens."""
-
-    batch: int = 8
-    length: int = 1024
-    d_model: int = 768
-    layers: int = 12
-    heads: int = 12
-    vocab: int = 50257
-    dropout: float = 0.1
-    sentence: int = 32  # tokens per sentence of our LMBatch, <eos> included
-
-
-GPT2_SMALL = LMShapes()
-TOY_LM = LMShapes(batch=2, length=32, d_model=32, layers=2, heads=2, vocab=503, sentence=8)
 
 
 @dataclass
@@ -117,40 +102,6 @@ def lm_batch(s: LMShapes, seed: int = 0) -> LMBatch:
     return collate_lm(list(build_lm(documents, params)))
 
 
-def our_gpt(s: LMShapes) -> tuple[nn.Module, Callable[[LMBatch], Tensor]]:
-    model = registry.build(
-        "gpt",
-        s.vocab,
-        d_model=s.d_model,
-        n_heads=s.heads,
-        n_layers=s.layers,
-        d_ff=4 * s.d_model,
-        dropout=s.dropout,
-    )
-    return model, lambda b: model.loss(b).loss
-
-
-def hf_gpt2(s: LMShapes) -> tuple[nn.Module, Callable[[LMBatch], Tensor]]:
-    """``GPT2LMHeadModel`` at ``s`` (SDPA attention); raises ``Missing`` without
-    transformers."""
-    transformers = optional("transformers", "the HF GPT-2 rows")
-    config = transformers.GPT2Config(
-        vocab_size=s.vocab,
-        n_positions=s.length,
-        n_embd=s.d_model,
-        n_layer=s.layers,
-        n_head=s.heads,
-        resid_pdrop=s.dropout,
-        embd_pdrop=s.dropout,
-        attn_pdrop=s.dropout,
-        bos_token_id=s.vocab - 1,  # GPT-2's <|endoftext|>, the last id (toy sizes: theirs)
-        eos_token_id=s.vocab - 1,
-        attn_implementation="sdpa",
-    )
-    model = transformers.GPT2LMHeadModel(config)
-    return model, lambda b: model(input_ids=b.flat_ids, labels=b.flat_ids, use_cache=False).loss
-
-
 def graph_breaks() -> int:
     """Graph breaks dynamo counted since the counters were last cleared."""
     from torch._dynamo.utils import counters
@@ -177,13 +128,13 @@ def measure(candidates: list[Candidate], setup: Setup, optimizer: OptimizerKind)
     steps: dict[str, Callable[[], None]] = {}
     timed: dict[str, _Timed] = {}
     for c in candidates:
-        c.model.to(setup.device)
-        batch = c.batch.to(setup.device)
+        place(c.model, setup.device)
+        batch = place(c.batch, setup.device)
         flops = step_flops(c.model, c.loss_fn, batch)
         for compiled in (False, True)[: 1 + c.compiled]:
             label = f"{c.label} compiled" if compiled else c.label
             backend = setup.backend if compiled else None
-            settings = StepSettings(optimizer, compile_backend=backend)
+            settings = StepSettings(optimizer, setup.precision, backend)
             if c.ours:
                 steps[label] = loop_step(c.model, batch, setup.device, settings)
             else:
@@ -235,9 +186,10 @@ def gpt_candidates(s: LMShapes, notes: list[str], smoke: bool) -> list[Candidate
     batch = lm_batch(s)
     tokens = s.batch * s.length
     torch.manual_seed(0)
-    model, loss_fn = our_gpt(s)
+    model, loss_fn = gpt(s)
     out = [Candidate("ours gpt", model, loss_fn, batch, tokens, "hf gpt2")]
     try:
+        optional("transformers", "the HF GPT-2 rows")
         torch.manual_seed(0)
         model, loss_fn = hf_gpt2(s)
     except Missing as err:
@@ -262,7 +214,7 @@ def seq2seq_candidates(setup: Setup, notes: list[str]) -> list[Candidate]:
             if name == "bart":
                 optional("transformers", "the HF BART rows")
             torch.manual_seed(0)
-            model, loss_fn = build(name, s)
+            model, loss_fn = models.seq2seq(name, s)
         except Missing as err:
             notes.append(str(err))
             continue
@@ -286,7 +238,7 @@ def gpt_vs_gpt2(check: Check, part: Part) -> None:
     result = measure(gpt_candidates(s, notes, setup.smoke), setup, OptimizerKind.ADAMW)
     part.text += [
         f"- {s.batch} x {s.length} tokens, d {s.d_model}, {s.layers} layers, {s.heads} heads, "
-        f"vocabulary {s.vocab:,}, dropout {s.dropout}; {setup.precision}, AdamW "
+        f"vocabulary {s.vocab:,}, dropout {s.dropout}; {setup.precision_note}, AdamW "
         f"(`make_optimizer`: fused on CUDA), clip 1.0; ours: the loop's own step; "
         f"compile backend {setup.backend}; {setup.repeats} timed "
         f"steps each after {setup.warmup} warm-up, interleaved",
@@ -318,8 +270,8 @@ def seq2seq(check: Check, part: Part) -> None:
     part.text += [
         f"- `bench_train`'s candidates at its {scale} size, {setup.seq2seq_batch} histories a "
         f"step (`python -m bench.bench_train --batch-size {setup.seq2seq_batch}`); "
-        f"{setup.precision}, Adam (`make_optimizer`: fused on CUDA); ours: the loop's own step; "
-        f"compile backend {setup.backend}; tokens are target tokens",
+        f"{setup.precision_note}, Adam (`make_optimizer`: fused on CUDA); ours: the loop's own "
+        f"step; compile backend {setup.backend}; tokens are target tokens",
         table(HEADERS, result.rows),
         *notes,
     ]

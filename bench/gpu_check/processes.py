@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from bench.common import MetricStamps, compile_seconds
+from bench.device import on_cuda
 from bench.gpu_check.report import where
 from pipeline.plan import RunPlan
 from pipeline.train.job import train_job
@@ -186,7 +187,7 @@ def run_at_once(jobs: dict[str, TrainJob], device: str, timeout_s: float) -> lis
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__, "torch._dynamo"])
     threads = max(1, (os.cpu_count() or 1) // len(jobs))
-    share = MemoryShare.of(len(jobs)) if torch.device(device).type == "cuda" else None
+    share = MemoryShare.of(len(jobs)) if on_cuda(device) else None
     procs = {}
     spawned = time.monotonic()
     for label, job in jobs.items():

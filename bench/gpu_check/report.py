@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from bench.common import Environment, table
+from bench.device import on_cuda
+from pipeline.config import Precision
+from pipeline.execution import autocast_dtype
 
 if TYPE_CHECKING:
     from bench.gpu_check.ptb import PTB
@@ -65,7 +68,7 @@ class Setup:
     """The check's settings, the same for every part."""
 
     device: str
-    dtype: str  # the peers' autocast dtype: bf16 on CUDA, fp32 on CPU
+    precision: Precision  # the training params' (auto), read by the execution policy
     smoke: bool
     backend: str  # torch.compile backend of the peer rows
     loop_backend: str  # torch.compile backend of the loop's compiled steps
@@ -80,12 +83,21 @@ class Setup:
 
     @property
     def cuda(self) -> bool:
-        return torch.device(self.device).type == "cuda"
+        return on_cuda(self.device)
 
     @property
-    def precision(self) -> str:
-        """How the peers' steps run, in words."""
-        return "fp32 (no autocast)" if self.dtype == "fp32" else f"{self.dtype} autocast"
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The execution policy's autocast dtype of :attr:`precision` on the device
+        (None: fp32), for every part's steps and passes."""
+        return autocast_dtype(self.precision, torch.device(self.device))
+
+    @property
+    def precision_note(self) -> str:
+        """How every step runs, in words."""
+        dtype = self.autocast_dtype
+        how = "fp32 (no autocast)" if dtype is None else f"{dtype}".replace("torch.", "")
+        how += "" if dtype is None else " autocast"
+        return f"{how} (precision {self.precision})"
 
 
 @dataclass(frozen=True)

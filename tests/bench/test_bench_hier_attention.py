@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from bench import bench_hier_attention
 from bench.bench_hier_attention import hier_attention_rows
+from pipeline.config import Precision
+from pipeline.execution import ExecutionPolicy
 from pipeline.models import masks
+from pipeline.train import loop
 
 KEYS = {"batch", "history", "layout", "masks_ms", "max_abs_diff", "loss_diff", "max_grad_diff"} | {
     f"{kind}_{what}"
@@ -17,7 +19,9 @@ KEYS = {"batch", "history", "layout", "masks_ms", "max_abs_diff", "loss_diff", "
 
 
 def test_smoke_rows_cover_every_layout_and_agree_with_the_masked_one():
-    rows = hier_attention_rows(torch.device("cpu"), None, [24, 16], repeats=1, smoke=True, warmup=0)
+    rows = hier_attention_rows(
+        torch.device("cpu"), Precision.FP32, [24, 16], repeats=1, smoke=True, warmup=0
+    )
     assert [(r["history"], r["layout"]) for r in rows] == [
         (length, layout) for length in (24, 16) for layout in ("masked", "packed", "flex")
     ]
@@ -43,22 +47,29 @@ def test_masks_are_built_once_per_batch_outside_the_timed_calls(monkeypatch):
         return real(history, mod)
 
     monkeypatch.setattr(masks, "history_flex_mask", spy)
-    hier_attention_rows(torch.device("cpu"), None, [24], repeats=5, smoke=True, warmup=2)
+    hier_attention_rows(torch.device("cpu"), Precision.FP32, [24], repeats=5, smoke=True, warmup=2)
     # 2 masks (UT, CT) x 3 pass kinds: no grad, gradients in eval mode, training
     assert len(calls) == 2 * 3
 
 
-def test_every_timed_case_runs_under_the_dtypes_autocast(monkeypatch):
-    entered = []
-    real = bench_hier_attention.precision
+def test_every_pass_takes_the_policys_autocast_and_the_step_is_the_loops(monkeypatch):
+    """One precision path: every pass runs under an execution policy's autocast of the
+    precision asked (the encoder passes the evaluation policy's, the step the loop's), and
+    the timed training step is the loop's own (its ``update``)."""
+    entered, updates = [], []
+    real_autocast, real_update = ExecutionPolicy.autocast, loop._Run.update
 
-    def spy(device: torch.device, dtype: torch.dtype | None):
-        entered.append(dtype)
-        return real(device, dtype)
+    def autocast(policy: ExecutionPolicy):
+        entered.append(policy.autocast_dtype)
+        return real_autocast(policy)
 
-    monkeypatch.setattr(bench_hier_attention, "precision", spy)
-    hier_attention_rows(torch.device("cpu"), torch.bfloat16, [24], repeats=2, smoke=True, warmup=0)
+    def update(run: loop._Run, batch):
+        updates.append(batch.batch_size)
+        return real_update(run, batch)
+
+    monkeypatch.setattr(ExecutionPolicy, "autocast", autocast)
+    monkeypatch.setattr(loop._Run, "update", update)
+    hier_attention_rows(torch.device("cpu"), Precision.BF16, [24], repeats=2, smoke=True, warmup=0)
     # one eval pass, a gradient per layout, then 3 layouts x 3 cases x 2 repeats
     assert entered == [torch.bfloat16] * (1 + 3 + 3 * 3 * 2)
-    with real(torch.device("cpu"), torch.bfloat16):
-        assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.bfloat16
+    assert updates == [2] * (3 * 2)  # the step of each layout, each repeat: the loop's

@@ -21,9 +21,10 @@ from bench.common import MetricStamps
 from bench.gpu_check import cli, processes
 from bench.gpu_check.cli import PARTS, Spec, parser, setup_of
 from bench.gpu_check.loop import epochs_that_fit, sized_knobs
-from bench.gpu_check.peers import TOY_LM, gpt_candidates, lm_batch, our_gpt
+from bench.gpu_check.peers import gpt_candidates, lm_batch
 from bench.gpu_check.processes import MemoryShare, Outcome, run_at_once, shared
 from bench.gpu_check.report import Check, LoopRate, Part, peak_tflops, replace_section, summary
+from bench.models import TOY_LM, gpt
 from pipeline.config import RunParams
 from pipeline.data.special import EOS_ID
 from pipeline.train.loop import TrainJob
@@ -387,7 +388,7 @@ def test_our_gpt_trains_on_the_peer_batch_token_for_token() -> None:
     assert batch.flat_ids.shape == (TOY_LM.batch, TOY_LM.length)
     assert torch.equal(batch.sentences.flatten(1), batch.flat_ids)
     assert bool((batch.sentences[..., -1] == EOS_ID).all())
-    model, loss_fn = our_gpt(TOY_LM)
+    model, loss_fn = gpt(TOY_LM)
     model.eval()  # no dropout: the two calls compute the same
     out = model.loss(batch)
     assert int(out.n_tokens) == TOY_LM.batch * TOY_LM.length  # what tokens/s counts
