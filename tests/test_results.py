@@ -73,7 +73,8 @@ def origin(tmp_path: Path) -> Path:
     sh(repo, "git", "config", "user.email", "t@example.com")
     sh(repo, "git", "config", "user.name", "t")
     dvc(repo, "init", "-q")
-    dvc(repo, "config", "core.analytics", "false")
+    with (repo / ".dvc" / "config").open("a") as config:
+        config.write("[core]\n    analytics = false\n")
     (repo / "stage.py").write_text(STAGE)
     (repo / "dvc.yaml").write_text(DVC_YAML)
     (repo / "params.yaml").write_text("seed: 1\n")
