@@ -10,11 +10,11 @@ default ``$HIERTX_RESULTS_URL``):
   DVC-cached output, weights included, sent by ``dvc push``;
 - ``URL/results.tar.gz``: the bundle, one object holding what DVC does not cache:
   ``dvc.lock``, ``params.yaml``, every ``cache: false`` output of the stages (metrics,
-  plots, the report, the downloaded corpora) and the MLflow stores the run wrote in the
-  project (the fallback store ``runs/mlflow-fallback``, and ``mlflow.db`` with its
-  ``mlartifacts/`` where no server was configured). Its first member, ``MANIFEST``,
-  records the git commit the run was made from, the tracked files that differed from it,
-  and each file's sha256.
+  plots, the report, the downloaded corpora), the results document ``report.results``
+  names (with its figures) and the MLflow stores the run wrote in the project (the
+  fallback store ``runs/mlflow-fallback``, and ``mlflow.db`` with its ``mlartifacts/``
+  where no server was configured). Its first member, ``MANIFEST``, records the git commit
+  the run was made from, the tracked files that differed from it, and each file's sha256.
 
 ``pull``, in a clone of the project at that commit, fetches the bundle, checks the commit
 (and each file's hash), lays the files down, runs ``dvc pull`` from the remote, and replays
@@ -242,10 +242,27 @@ def mlflow_stores(root: Path) -> list[str]:
     return found
 
 
+def results_document(root: Path) -> list[str]:
+    """The committed results document the report stage writes besides its DVC outputs
+    (``report.results``, e.g. ``results/STUDY.md``) and its figures' folder
+    (``results/study/``), where params name one."""
+    import yaml
+
+    params = root / "params.yaml"
+    loaded = yaml.safe_load(params.read_text()) if params.is_file() else None
+    report = loaded.get("report") if isinstance(loaded, dict) else None
+    document = report.get("results") if isinstance(report, dict) else None
+    if not isinstance(document, str) or not document:
+        return []
+    path = root / document
+    return [*_files(root, path), *_files(root, path.parent / path.stem.lower())]
+
+
 def bundle_files(root: Path) -> list[str]:
     """What the bundle carries (module docstring), relative to ``root``."""
     files = {f for f in ALWAYS if (root / f).is_file()}
     files.update(uncached_outputs(root))
+    files.update(results_document(root))
     files.update(mlflow_stores(root))
     return sorted(files)
 

@@ -254,3 +254,15 @@ def test_changed_files_names_tracked_edits_only(origin: Path) -> None:
     (origin / "stage.py").write_text(STAGE + "# edited on the cluster\n")
     (origin / "untracked.txt").write_text("not in git")
     assert results.changed_files(origin) == ["stage.py"]
+
+
+def test_the_bundle_carries_the_results_document_and_its_figures(origin: Path) -> None:
+    """The study's ``report.results`` document is written by the report stage beside its
+    DVC outputs, and committed: it travels in the bundle with its figures' folder."""
+    (origin / "params.yaml").write_text("seed: 1\nreport:\n  results: results/STUDY.md\n")
+    (origin / "results" / "study").mkdir(parents=True)
+    for name in ("results/STUDY.md", "results/study/curves.png", "results/OTHER.md"):
+        (origin / name).write_text(name)
+    assert results.results_document(origin) == ["results/STUDY.md", "results/study/curves.png"]
+    (origin / "params.yaml").write_text("seed: 1\nreport:\n  results: null\n")
+    assert results.results_document(origin) == []
