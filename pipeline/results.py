@@ -345,8 +345,18 @@ def pull(root: Path, url: str | None) -> dict[str, Any]:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(Path(tmp, name), target)
     configure_remote(root, place)
-    dvc(root, "pull", "--remote", REMOTE)
+    dvc(root, "pull", "--remote", REMOTE, *locked_stages(root))
     return manifest
+
+
+def locked_stages(root: Path) -> list[str]:
+    """The stages ``dvc.lock`` records, by the names ``dvc pull`` takes (``train@key``):
+    those the run finished. A bare ``dvc pull`` also tries every stage of ``dvc.yaml`` that
+    never ran (a failed run, a run of some stages) and fails on their missing outputs."""
+    import yaml
+
+    lock = yaml.safe_load((root / "dvc.lock").read_text()) or {}
+    return list(lock.get("stages") or {})
 
 
 def _read_bundle(place: Place, into: Path, commit: str) -> dict[str, Any]:
