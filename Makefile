@@ -10,7 +10,7 @@ IN_VENV := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: setup repro compare test test-fast test-order lint bench
+.PHONY: setup repro push-results pull-results compare test test-fast test-order lint bench
 
 # torch first, at the version pyproject.toml pins (2.13.0), alone, before a looser resolve
 # of the rest. Which build arrives is the index's choice: plain PyPI on Linux x86-64 gives
@@ -42,6 +42,15 @@ ifeq ($(JOBS),1)
 else
 	$(IN_VENV) $(BIN)/python -m pipeline.repro --jobs $(JOBS)
 endif
+
+# A run's results in a bucket you own (pipeline/results.py): on the cluster after make repro,
+# in a clone at the run's commit on your machine. REMOTE: s3://BUCKET/PREFIX, gs://... or a
+# folder; unset: $$HIERTX_RESULTS_URL.
+push-results: setup  ## dvc push to a DVC remote at REMOTE/dvc, dvc.lock, metrics, plots, report, MLflow fallback store to REMOTE
+	$(IN_VENV) $(BIN)/python -m pipeline results push $(REMOTE)
+
+pull-results: setup  ## the results at REMOTE into this clone (at the run's commit): files, dvc pull, MLflow runs replayed
+	$(IN_VENV) $(BIN)/python -m pipeline results pull $(REMOTE)
 
 compare: setup  ## the runs' key metrics side by side, a table per task (REV=main: changes since main)
 	$(BIN)/python -m pipeline compare $(if $(REV),--rev $(REV))

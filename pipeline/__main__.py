@@ -1,5 +1,5 @@
-"""``python -m pipeline``: the ``chat``, ``rank``, ``compare``, ``sync-mlflow`` and
-``score`` commands (``cli``)."""
+"""``python -m pipeline``: the ``chat``, ``rank``, ``compare``, ``sync-mlflow``, ``score``
+and ``results`` commands (``cli``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """After a run: talk to a trained model (``chat``, ``rank``), compare the runs' metrics
 (``compare``), copy fallback MLflow runs to the server (``sync-mlflow``), score a predictions
-file (``score``).
+file (``score``), push a cluster run's results to a bucket and pull them into a clone
+(``results``).
 
     python -m pipeline chat --run <model>-<corpus> [--beam 5 | --top-p 0.9 | --top-k 20] [--local]
     python -m pipeline chat --model-uri models:/hiertx-<model>-<corpus>/<version>
@@ -9,6 +10,7 @@ file (``score``).
     python -m pipeline compare [--rev REV]   # the runs' key metrics side by side (report.compare)
     python -m pipeline sync-mlflow [--to URI]   # fallback runs -> the server (tracking.sync)
     python -m pipeline score multiwoz --predictions FILE.json --data DIR   # (multiwoz_score)
+    python -m pipeline results push|pull|check s3://BUCKET/PREFIX   # a run's results (results)
 
 A run's model is the pyfunc registered in MLflow (the version its train manifest names),
 or its local checkpoint when MLflow has none (or with ``--local``). ``chat`` first prints a
@@ -40,6 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline import results
 from pipeline.artifacts import VOCAB_FILE, Layout, TrainRecord, read_train
 from pipeline.errors import ConfigError, DataError, HiertxError
 from pipeline.eval import multiwoz_score
@@ -357,7 +360,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """``python -m pipeline``'s parser: ``chat``, ``rank``, ``compare``, ``sync-mlflow``,
-    ``score``."""
+    ``score``, ``results``."""
     # the examples of every command stay: the top usage line names none of them
     top = argparse.ArgumentParser(
         prog="python -m pipeline", description=describe(__doc__, drop_usage=False)
@@ -418,6 +421,7 @@ def parser() -> argparse.ArgumentParser:
     # its module docstring's first line alone stops mid-sentence: the whole story
     commands.choices[sync.COMMAND].description = describe(sync.__doc__)
     multiwoz_score.add_parser(commands)
+    results.add_parser(commands)
     _show_defaults(top)
     return top
 
@@ -432,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
             return sync.run_command(args)
         if args.command == multiwoz_score.COMMAND:
             return multiwoz_score.run_command(args)
+        if args.command == results.COMMAND:
+            return results.run_command(args)
         return chat(args) if args.command == "chat" else rank(args)
     except HiertxError as err:
         print(f"{args.command}: {err}", file=sys.stderr)

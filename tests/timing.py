@@ -62,6 +62,11 @@ OVER_A_MINUTE: dict[str, str] = {
         "downloaded, tokenized; four models trained and evaluated; the report's own tables; "
         "editing the file puts exactly its stages out of date"
     ),
+    "tests/test_results_e2e.py::test_a_remote_run_pushed_deleted_and_pulled_into_a_fresh_clone": (
+        "issue 48's done-when: a tiny-profile run with its checkpoints in a bucket of the "
+        "local S3 server and its MLflow server down, pushed, deleted, pulled into a fresh "
+        "clone: dvc.lock, metrics, the model and the MLflow runs back, dvc status clean"
+    ),
     "tests/test_results_follow_code.py::test_kill_9_then_repro_resumes_to_the_uninterrupted_weights": (  # noqa: E501
         "kill -9 mid-training, then dvc repro resumes to the weights of an uninterrupted "
         "run (two trainings of 120 steps); a torn checkpoint falls back to the one before; "
