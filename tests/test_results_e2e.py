@@ -5,9 +5,9 @@ bucket, and is deleted; a fresh clone at the same commit runs the documented com
 has ``dvc.lock``, the metrics, the model and the MLflow runs back, with ``dvc status`` up
 to date.
 
-Only one run's stages (check, download, tokenize, train, evaluate of the Transformer) run:
-the whole tiny pipeline is ``tests/test_pipeline.py``'s, and what is pushed does not depend
-on how many stages ran.
+Only one run's stages run (train and evaluate of the Transformer, after the shared
+tokenized tiny project's check, download and tokenize): the whole tiny pipeline is
+``tests/test_pipeline.py``'s, and what is pushed does not depend on how many stages ran.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.projects import VENV, fresh_copy, run, venv_env
+from tests.projects import VENV, copy_tokenized, run, venv_env
 from tests.s3_server import S3Server
 
 RUN = "transformer-chitchat"
@@ -38,14 +38,14 @@ def files_under(root: Path, *tops: str) -> dict[str, bytes]:
 
 @pytest.mark.slow
 def test_a_remote_run_pushed_deleted_and_pulled_into_a_fresh_clone(
-    tmp_path: Path, s3: S3Server
+    tmp_path: Path, s3: S3Server, tokenized_tiny: Path
 ) -> None:
     if sys.prefix == sys.base_prefix:
         pytest.skip("needs the project's venv (run through `make test`)")
-    origin = tmp_path / "origin"
-    fresh_copy(origin)
+    # the cluster's project starts after tokenize (the run's own stages are train and
+    # evaluate); the laptop clones the commit it was copied from
     cluster, laptop = tmp_path / "cluster", tmp_path / "laptop"
-    subprocess.run(["git", "clone", "-q", str(origin), str(cluster)], check=True)
+    copy_tokenized(tokenized_tiny, cluster)
     bucket = s3.new_bucket()
     url = f"s3://{bucket}/results"
     env = venv_env(tmp_path / "unused.db") | {
@@ -65,7 +65,7 @@ def test_a_remote_run_pushed_deleted_and_pulled_into_a_fresh_clone(
     shutil.rmtree(cluster)
 
     # on the laptop: a fresh clone, the documented command, a tracking store of its own
-    subprocess.run(["git", "clone", "-q", str(origin), str(laptop)], check=True)
+    subprocess.run(["git", "clone", "-q", str(tokenized_tiny), str(laptop)], check=True)
     team = tmp_path / "team.db"
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{team}"
     pulled = run(laptop, env, sys.executable, "-m", "pipeline", "results", "pull", url)

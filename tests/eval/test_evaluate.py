@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import mlflow
@@ -314,8 +315,6 @@ def test_missing_run_says_to_train_first(project):
 def test_several_seeds_mean_ci_and_mlflow(tmp_path, monkeypatch, project):
     """Two seeds, tracked: per-seed folders, metrics = mean with CI, rows per seed, and the
     metrics logged to each seed's training run."""
-    import shutil
-
     root = tmp_path / "p"
     shutil.copytree(project / "data" / "shards", root / "data" / "shards")
     uri = f"sqlite:///{root / 'mlflow.db'}"
@@ -389,11 +388,15 @@ def test_unigram_baseline_scores_the_tokens_the_models_score(project):
         assert math.isfinite(score.ppl) and score.ppl > 1
 
 
-def test_evaluation_runs_at_the_precision_the_run_trained_at(tokenized, monkeypatch):
+def test_evaluation_runs_at_the_precision_the_run_trained_at(tokenized, tmp_path, monkeypatch):
     """The train record's precision decides the evaluate stage's autocast: bf16 for a run
     trained in bf16 (on a CPU too), none for fp32 (on CUDA the stage ran bf16 whatever the
     run trained at)."""
     from pipeline.eval import stage
+
+    # a project of its own: the gpt run it writes would replace the module project's
+    root = tmp_path / "p"
+    shutil.copytree(tokenized / "data" / "shards", root / "data" / "shards")
 
     seen: list[torch.dtype | None] = []
     load = stage.load_model
@@ -406,13 +409,13 @@ def test_evaluation_runs_at_the_precision_the_run_trained_at(tokenized, monkeypa
 
     monkeypatch.setattr(stage, "load_model", spied)
     torch.manual_seed(0)
-    sizes = read_manifest(tokenized / "data" / "shards" / "chitchat").data_sizes()
+    sizes = read_manifest(root / "data" / "shards" / "chitchat").data_sizes()
     model = registry.build("gpt", sizes, **MODELS["gpt"])
     raw = project_params(max_batches=1)
     for precision, dtype in ((Precision.BF16, torch.bfloat16), (Precision.FP32, None)):
-        write_trained(tokenized, "gpt", model, precision=precision)
+        write_trained(root, "gpt", model, precision=precision)
         seen.clear()
-        evaluate_run(settings(raw), "gpt", "chitchat", tokenized)
+        evaluate_run(settings(raw), "gpt", "chitchat", root)
         assert seen and set(seen) == {dtype}
 
 
