@@ -271,3 +271,19 @@ def test_the_bundle_carries_the_results_document_and_its_figures(origin: Path) -
     assert results.results_document(origin) == ["results/STUDY.md", "results/study/curves.png"]
     (origin / "params.yaml").write_text("seed: 1\nreport:\n  results: null\n")
     assert results.results_document(origin) == []
+
+
+def test_a_bundle_member_that_is_a_link_or_leaves_the_project_is_refused(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    for name, kind in (("metrics/x.json", tarfile.SYMTYPE), ("../outside", tarfile.REGTYPE)):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            member = tarfile.TarInfo(name)
+            member.type, member.linkname = kind, "/etc/passwd" if kind == tarfile.SYMTYPE else ""
+            tar.addfile(member, io.BytesIO(b""))
+        buffer.seek(0)
+        with tarfile.open(fileobj=buffer) as tar, pytest.raises(DataError, match="not a plain"):
+            results._extract_member(tar, tar.next(), tmp_path / "into", "s3://b/r")
+        assert not (tmp_path / "into").exists() and not (tmp_path / "outside").exists()

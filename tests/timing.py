@@ -62,6 +62,10 @@ OVER_A_MINUTE: dict[str, str] = {
         "downloaded, tokenized; four models trained and evaluated; the report's own tables; "
         "editing the file puts exactly its stages out of date"
     ),
+    "tests/data/test_tokenize_streaming.py::test_split_variants_stream_to_the_files_of_their_splits_built_whole": (  # noqa: E501
+        "the split variants on real corpora (train_on: valid on MultiWOZ 2.1 with its acts, "
+        "resplit_train on PersonaChat) stream to the files of their splits built whole"
+    ),
     "tests/test_results_e2e.py::test_a_remote_run_pushed_deleted_and_pulled_into_a_fresh_clone": (
         "issue 48's done-when: a tiny-profile run with its checkpoints in a bucket of the "
         "local S3 server and its MLflow server down, pushed, deleted, pulled into a fresh "
