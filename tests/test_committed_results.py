@@ -28,18 +28,7 @@ REPORT = REPO / "reports" / "report.md"
 TABLES = json.loads((REPO / "reports" / "tables.json").read_text())["tables"]
 CLEARLY_BELOW_UNIGRAM = 0.8
 """A generation or LM run's test perplexity is at most this share of its unigram row's."""
-KNOWN_FLAGS = {
-    # Issue 47, open: after 1,500 steps at 0.7-0.8M parameters the encoder-decoders' histories
-    # are worth about 1.5% of their test perplexity, too little to move a greedy decoding off
-    # one generic answer for most histories: "i think i think it is a lot of the <unk>"
-    # (Transformer 72%), "i think i think it is a good thing" (U-Net 54%), "i think i think it
-    # was a lot of the <unk>" (HIER 61%). Over training the share swings between 19% and 98%
-    # from one validation to the next (README, "What the report still flags"). The seeded
-    # nucleus sample and HIER's beam of 5 beside them are not flagged.
-    ("transformer-chitchat", "collapsed (greedy)"),
-    ("unet-chitchat", "collapsed (greedy)"),
-    ("hier-chitchat", "collapsed (greedy)"),
-}
+KNOWN_FLAGS: set[tuple[str, str]] = set()
 """The flags of the committed report, each with why it stands: nothing else may be flagged."""
 
 

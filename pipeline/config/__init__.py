@@ -45,6 +45,7 @@ from pipeline.config.evaluate import (
     ReportParams,
     TrackingParams,
     Word2VecParams,
+    check_anti_lm,
 )
 from pipeline.config.params_file import read_yaml
 from pipeline.config.sections import CorpusKey, Section, merge_params
@@ -209,6 +210,7 @@ __all__ = [
     "TuneParams",
     "VocabParams",
     "Word2VecParams",
+    "check_anti_lm",
     "knob_sources",
     "load_params",
     "merge_params",

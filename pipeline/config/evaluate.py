@@ -6,10 +6,7 @@ from __future__ import annotations
 import enum
 from typing import Literal
 
-from pydantic import (
-    Field,
-    field_validator,
-)
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.sections import CorpusKey, Section, merge_params
 
@@ -39,6 +36,15 @@ class DecodeStrategy(enum.StrEnum):
     NUCLEUS = "nucleus"
 
 
+def check_anti_lm(strategy: DecodeStrategy, anti_lm: float) -> None:
+    """The anti-LM re-ranks the tokens a search chooses between: refused for sampling."""
+    if anti_lm > 0 and strategy in (DecodeStrategy.TOP_K, DecodeStrategy.NUCLEUS):
+        raise ValueError(
+            "anti_lm: applies to greedy and beam searches, which rank tokens; sampling "
+            "draws from the model's own distribution (set anti_lm: 0)"
+        )
+
+
 class DecodeParams(Section):
     """One decoding of the test histories (fields of ``pipeline.decode.DecodeConfig``;
     ``max_length`` is the corpus' ``generate.max_response``). Its metrics carry
@@ -54,6 +60,34 @@ class DecodeParams(Section):
     top_p: float = Field(default=1.0, gt=0, le=1)
     temperature: float = Field(default=1.0, gt=0)
     seed: int = 0
+    anti_lm: float = Field(
+        default=0.0, ge=0, description="greedy/beam: MMI-antiLM weight of Li et al. (2016)"
+    )
+    anti_lm_tokens: int = Field(default=0, ge=0, description="tokens it applies to; 0 = all")
+
+    @model_validator(mode="after")
+    def _check_anti_lm(self) -> DecodeParams:
+        check_anti_lm(self.strategy, self.anti_lm)
+        return self
+
+    @property
+    def description(self) -> str:
+        """The decoding in words, its metric label first: ``greedy (min length 3, no
+        3-gram twice, MMI-antiLM 0.5 over first 3 tokens)``."""
+        label = self.suffix.lstrip("_") or "greedy"
+        options = []
+        if self.strategy in (DecodeStrategy.TOP_K, DecodeStrategy.NUCLEUS):
+            options += [f"T {self.temperature:g}", f"seed {self.seed}"]
+        elif self.length_penalty:
+            options.append(f"length penalty {self.length_penalty:g}")
+        if self.min_length:
+            options.append(f"min length {self.min_length}")
+        if self.no_repeat_ngram:
+            options.append(f"no {self.no_repeat_ngram}-gram twice")
+        if self.anti_lm:
+            span = f"first {self.anti_lm_tokens}" if self.anti_lm_tokens else "all"
+            options.append(f"MMI-antiLM {self.anti_lm:g} over {span} tokens")
+        return f"{label} ({', '.join(options)})" if options else label
 
     @property
     def suffix(self) -> str:

@@ -20,6 +20,8 @@ from typing import ClassVar, Self
 import torch
 from torch import Tensor
 
+from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER
+
 
 class _TensorBatch:
     """Moves, pins or pads every tensor of a dataclass batch, nested batches included, in
@@ -81,6 +83,20 @@ class History(_TensorBatch):
     utt_index: Tensor
     utt_pos: Tensor
     speaker: Tensor
+
+    @classmethod
+    def empty_turn(cls, rows: int, device: torch.device | str) -> History:
+        """``rows`` histories of one empty utterance (``<bos> <eos>``, said by the other
+        speaker): a context that tells a model nothing, what an anti-LM decoding
+        (``pipeline.decode``) scores a response's unconditional likelihood with."""
+        ids = torch.tensor([[BOS_ID, EOS_ID]], device=device).expand(rows, -1)
+        return cls(
+            input_ids=ids.clone(),
+            input_mask=torch.ones_like(ids, dtype=torch.bool),
+            utt_index=torch.zeros_like(ids),
+            utt_pos=torch.tensor([[0, 1]], device=device).expand(rows, -1).clone(),
+            speaker=torch.full_like(ids, SPEAKER_OTHER),
+        )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,13 @@ Conventions:
   ``((5 + length) / 6) ** length_penalty`` (Wu et al., 2016); ``length_penalty=0`` keeps
   the plain sum. Beam search ranks hypotheses by that score; greedy and sampled outputs
   report it too, so strategies are comparable.
+- ``anti_lm`` > 0 is Li et al. (2016)'s MMI-antiLM ("A Diversity-Promoting Objective
+  Function for Neural Conversation Models", eq. 7-8): greedy and beam searches rank the
+  next token by ``log p(y_t | y_<t, history) - anti_lm * log U(y_t | y_<t)`` for the first
+  ``anti_lm_tokens`` generated tokens (their gamma; 0 = all), and the score above sums
+  that objective. Their U is a separately trained language model of responses; here it
+  is the same model after an empty history (``History.empty_turn``), what the model says
+  whatever it is told, so the objective rewards what the history adds.
 - With ``use_cache`` and a model whose ``init_state`` returns a state, each step feeds
   only the new token; otherwise the whole prefix is re-decoded (same outputs).
 - The model runs in eval mode (no dropout) under ``torch.no_grad``, with the global RNG
@@ -22,6 +29,7 @@ Conventions:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +38,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import Tensor
 
-from pipeline.config import DecodeStrategy
-from pipeline.data.batch import GenerateBatch
+from pipeline.config import DecodeStrategy, check_anti_lm
+from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.execution import forked_rng
 from pipeline.models.base import DecoderState, Seq2SeqModel, select_batch_dim
@@ -54,6 +62,8 @@ class DecodeConfig(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     temperature: float = Field(default=1.0, gt=0.0)
     seed: int = 0
+    anti_lm: float = Field(default=0.0, ge=0.0, description="MMI-antiLM weight; 0 = off")
+    anti_lm_tokens: int = Field(default=0, ge=0, description="tokens it applies to; 0 = all")
     use_cache: bool = True
 
     @model_validator(mode="after")
@@ -62,6 +72,7 @@ class DecodeConfig(BaseModel):
             raise ValueError("min_length: must not exceed max_length")
         if self.strategy == DecodeStrategy.TOP_K and self.top_k < 1:
             raise ValueError("top_k: strategy top_k needs top_k >= 1")
+        check_anti_lm(self.strategy, self.anti_lm)
         return self
 
 
@@ -99,7 +110,12 @@ def generate(model: Seq2SeqModel, batch: GenerateBatch, config: DecodeConfig) ->
     try:
         with torch.no_grad(), forked_rng(device):
             torch.manual_seed(config.seed)
-            search = Search(model, model.encode(batch), batch.batch_size, device, config)
+            memory = model.encode(batch)
+            unconditional = None
+            if config.anti_lm > 0:
+                empty = History.empty_turn(batch.batch_size, device)
+                unconditional = model.encode(dataclasses.replace(batch, history=empty))
+            search = Search(model, memory, batch.batch_size, device, config, unconditional)
             return _SEARCHES.get(config.strategy, _sample)(search)
     finally:
         model.train(was_training)
@@ -108,13 +124,23 @@ def generate(model: Seq2SeqModel, batch: GenerateBatch, config: DecodeConfig) ->
 @dataclass(frozen=True)
 class Search:
     """One decoding's inputs: the model, its memory of the batch, the batch's size, the
-    device and the decoding config (each strategy's function takes it)."""
+    device and the decoding config (each strategy's function takes it); with ``anti_lm``,
+    the model's memory of empty histories (``unconditional``)."""
 
     model: Seq2SeqModel
     memory: object
     batch_size: int
     device: torch.device
     config: DecodeConfig
+    unconditional: object | None = None
+
+    def anti_lm(self, rows: Tensor | None = None) -> _AntiLM:
+        """The anti-LM term for the search's rows (``rows``: the example of each row)."""
+        memory = self.unconditional
+        if memory is not None and rows is not None:
+            memory = select_batch_dim(memory, rows)
+        n = self.batch_size if rows is None else len(rows)
+        return _AntiLM(self.model, memory, n, self.config)
 
     def __iter__(self) -> Iterator[Any]:  # unpacks as its fields, shallow (not astuple)
         return iter((self.model, self.memory, self.batch_size, self.device, self.config))
@@ -143,6 +169,26 @@ class _Stepper:
         parent belongs to the same example, whose memory rows are identical."""
         if self.state is not None:
             self.state = self.state.select(index)
+
+
+class _AntiLM:
+    """The MMI-antiLM ranking of next tokens (module docstring): ``log p - anti_lm * log U``
+    over the first ``anti_lm_tokens`` tokens, ``log p`` itself without an unconditional
+    memory or past them."""
+
+    def __init__(self, model: Seq2SeqModel, memory: object | None, rows: int, config: DecodeConfig):
+        self.weight, self.tokens = config.anti_lm, config.anti_lm_tokens
+        self.step = None if memory is None else _Stepper(model, memory, rows, config.use_cache)
+
+    def __call__(self, logp: Tensor, prefix: Tensor) -> Tensor:
+        """``logp`` ``[N, V]`` (blocked tokens at ``-inf``) -> the ranking of token ``t + 1``."""
+        if self.step is None or (self.tokens and prefix.shape[1] > self.tokens):
+            return logp
+        return logp - self.weight * self.step(prefix).log_softmax(-1)
+
+    def reorder(self, index: Tensor) -> None:
+        if self.step is not None:
+            self.step.reorder(index)
 
 
 def _blocked(prefix: Tensor, vocab: int, config: DecodeConfig) -> Tensor:
@@ -187,6 +233,7 @@ def _sample(search: Search) -> GenerationOutput:
     """Greedy decoding or sampling, one row per example."""
     model, memory, batch_size, device, config = search
     step = _Stepper(model, memory, batch_size, config.use_cache)
+    anti_lm = search.anti_lm()
     generator = torch.Generator(device=device).manual_seed(config.seed)
     seqs = torch.full((batch_size, config.max_length + 1), PAD_ID, device=device)
     seqs[:, 0] = BOS_ID
@@ -200,6 +247,7 @@ def _sample(search: Search) -> GenerationOutput:
         blocked = _blocked(prefix, logits.shape[-1], config)
         logp = logits.log_softmax(-1).masked_fill(blocked, float("-inf"))
         logits = logits.masked_fill(blocked, float("-inf"))
+        logp = anti_lm(logp, prefix)
         if config.strategy == DecodeStrategy.GREEDY:
             token = logp.argmax(-1)
         else:
@@ -236,6 +284,7 @@ def _beam_search(search: Search) -> GenerationOutput:
     rows = torch.arange(b, device=device)
     expand = rows.repeat_interleave(k)
     step = _Stepper(model, select_batch_dim(memory, expand), b * k, config.use_cache)
+    anti_lm = search.anti_lm(expand)
     seqs = torch.full((b * k, width), PAD_ID, device=device)
     seqs[:, 0] = BOS_ID
     alive = torch.zeros(b, k, device=device)
@@ -250,6 +299,7 @@ def _beam_search(search: Search) -> GenerationOutput:
         logits = step(prefix)
         vocab = logits.shape[-1]
         logp = logits.log_softmax(-1).masked_fill(_blocked(prefix, vocab, config), float("-inf"))
+        logp = anti_lm(logp, prefix)
         candidates = (alive.view(-1, 1) + logp).view(b, k * vocab)
         top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)
         beam, token = top_index // vocab, top_index % vocab
@@ -276,6 +326,7 @@ def _beam_search(search: Search) -> GenerationOutput:
         parent = (rows[:, None] * k + beam.gather(1, keep)).view(-1)
         seqs = extended.gather(1, keep[..., None].expand(-1, -1, width)).view(b * k, width)
         step.reorder(parent)
+        anti_lm.reorder(parent)
 
         done |= pool_scores[:, -1] >= alive.max(1).values / best_penalty
         if bool(done.all()):
@@ -309,9 +360,9 @@ def _slot_beam_search(search: Search) -> GenerationOutput:
     model, memory, batch_size, device, config = search
     b, k, width = batch_size, config.beam_size, config.max_length + 1
     rows = torch.arange(b, device=device)
-    step = _Stepper(
-        model, select_batch_dim(memory, rows.repeat_interleave(k)), b * k, config.use_cache
-    )
+    expand = rows.repeat_interleave(k)
+    step = _Stepper(model, select_batch_dim(memory, expand), b * k, config.use_cache)
+    anti_lm = search.anti_lm(expand)
     seqs = torch.full((b * k, width), PAD_ID, device=device)
     seqs[:, 0] = BOS_ID
     scores = torch.zeros(b, k, device=device)
@@ -323,6 +374,7 @@ def _slot_beam_search(search: Search) -> GenerationOutput:
         logits = step(prefix)
         vocab = logits.shape[-1]
         logp = logits.log_softmax(-1).masked_fill(_blocked(prefix, vocab, config), float("-inf"))
+        logp = anti_lm(logp, prefix)
         # An ended slot's only continuation is <pad> at no cost.
         stay = torch.full_like(logp, float("-inf"))
         stay[:, PAD_ID] = 0.0
@@ -337,6 +389,7 @@ def _slot_beam_search(search: Search) -> GenerationOutput:
         lengths = lengths[parent] + (~was_ended).long()
         ended = was_ended | (token.view(-1) == EOS_ID)
         step.reorder(parent)
+        anti_lm.reorder(parent)
         if bool(ended.all()):
             break
     mean = scores / lengths.view(b, k).clamp(min=1)

@@ -12,6 +12,10 @@
   p = 1). Works for corpus metrics (BLEU of the resampled corpus: pass
   ``text.bleu_stats`` rows and ``text.bleu_from_stats``, or plain ``text.corpus_bleu``) and
   per-example ones (pass score arrays and a mean). Deterministic for a given ``seed``.
+- ``bootstrap_interval``: the percentile bootstrap interval of a mean of per-example values
+  (Efron & Tibshirani 1993, ch. 13): the ``(1 - c)/2`` and ``(1 + c)/2`` quantiles of the
+  means of ``n`` resampled test sets (numpy's default linear quantile). Deterministic for a
+  given ``seed``.
 - ``pearson``: Pearson r with its two-sided p-value (``scipy.stats.pearsonr``), e.g. history
   length vs per-example loss (U-Net paper, Table 7).
 """
@@ -153,6 +157,22 @@ def paired_bootstrap(
         p_value=not_better / n,
         n_samples=n,
     )
+
+
+def bootstrap_interval(
+    values: Sequence[float] | np.ndarray, confidence: float = 0.95, n: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """The percentile bootstrap interval of the mean of ``values`` (one per test example):
+    ``confidence`` of the means of ``n`` same-size resamples lie inside it."""
+    x = _finite_1d(values, "values")
+    if x.size == 0:
+        raise ValueError("bootstrap_interval: no values")
+    if n < 1:
+        raise ValueError(f"n: need at least one bootstrap sample, got {n}")
+    means = x[np.random.default_rng(seed).integers(0, x.size, (n, x.size))].mean(1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(low), float(high)
 
 
 @dataclass(frozen=True)

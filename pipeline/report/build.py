@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline import tracking
 from pipeline.artifacts import Layout
-from pipeline.config import Params
+from pipeline.config import EvaluateParams, Params
 from pipeline.data.corpora import CORPORA, corpus_spec
 from pipeline.data.loader import load_vocab, open_split
 from pipeline.data.splits import Split
@@ -213,13 +213,31 @@ def _figure_md(title: str, path: Path | None, out: Path, caption: str) -> str:
     return f"### {title}\n\n![{title}]({path.relative_to(out)})\n\n{caption}\n"
 
 
+def decode_lines(runs: list[RunResult], evaluate: EvaluateParams) -> list[str]:
+    """How each generate run's responses were decoded (``evaluate.decodes``, per corpus and
+    model), one line per corpus and set of decodings."""
+    by_decodes: dict[tuple[str, str], list[str]] = {}
+    for run in runs:
+        if run.task is Task.GENERATE:
+            decodes = evaluate.for_corpus(run.corpus).decodes_for(run.model)
+            said = "; ".join(d.description for d in decodes)
+            by_decodes.setdefault((run.corpus, said), []).append(run.model)
+    return [
+        f"Decodings of {', '.join(dict.fromkeys(models))} on {corpus} (`evaluate.decodes`): "
+        f"{said}; max length the corpus' `generate.max_response`."
+        for (corpus, said), models in by_decodes.items()
+    ]
+
+
 def conventions(
     runs: list[RunResult],
     bleu_tokenize: dict[str, str],
     lowercase: dict[str, bool] | None = None,
+    evaluate: EvaluateParams | None = None,
 ) -> list[str]:
     """The "Metric conventions" section: how each number of the report was computed;
-    ``lowercase``: whether each corpus' vocabulary lowercases (what BLEU compares)."""
+    ``lowercase``: whether each corpus' vocabulary lowercases (what BLEU compares);
+    ``evaluate``: the evaluate params, whose decodings it states."""
     tasks = {r.task for r in runs}
     lines = ["## Metric conventions", ""]
     if tasks & {Task.GENERATE, Task.LM}:
@@ -250,6 +268,7 @@ def conventions(
             f"- {c}: " + bleu_note(bleu_tokenize.get(c, DEFAULT_TOKENIZE), (lowercase or {}).get(c))
             for c in corpora
         ]
+        lines += [f"- {line}" for line in decode_lines(runs, evaluate)] if evaluate else []
         lines += [
             "- ChatEval (Sedoc et al. 2019): distinct-n over words; embedding average and "
             "extrema on unit-normalised word vectors, pairs whose response has no known word "
@@ -304,9 +323,11 @@ def render(
     flags: list[diagnostics.Flag] | None = None,
     sample_lines: list[str] | None = None,
     lowercase: dict[str, bool] | None = None,
+    evaluate: EvaluateParams | None = None,
 ) -> str:
     """The text of ``report.md``; ``bleu_tokenize``: each corpus' BLEU tokenizer,
-    ``flags``: the runs' diagnostics, ``sample_lines``: the Samples section."""
+    ``flags``: the runs' diagnostics, ``sample_lines``: the Samples section, ``evaluate``:
+    the evaluate params (the decodings the conventions state)."""
     seeds = sorted({len(r.seeds) for r in runs})
     flags = flags or []
     by_run: dict[str, list[str]] = {}
@@ -343,7 +364,7 @@ def render(
         "",
         diagnostics.flags_markdown(flags),
         "",
-        *conventions(runs, bleu_tokenize or {}, lowercase),
+        *conventions(runs, bleu_tokenize or {}, lowercase, evaluate),
         "## Results in the papers' format",
         "",
         "Cells: mean ± 95% confidence half-width over seeds (Student t; no interval with "
@@ -490,7 +511,18 @@ def build_report(params: Params, root: str | Path = ".", seed: int = 0) -> Repor
     sample_lines = samples.samples_markdown(samples.collect(runs, samples.shard_histories(root)))
     path = out / REPORT_FILE
     path.write_text(
-        render(runs, tables, figures, out, n_samples, tokenizers, flags, sample_lines, lowercase)
+        render(
+            runs,
+            tables,
+            figures,
+            out,
+            n_samples,
+            tokenizers,
+            flags,
+            sample_lines,
+            lowercase,
+            params.evaluate,
+        )
     )
     (out / TABLES_FILE).write_text(
         json.dumps({"tables": [table_json(t) for t in tables]}, indent=1) + "\n"

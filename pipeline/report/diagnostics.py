@@ -18,9 +18,19 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from pipeline.eval.catalogue import AVG_LENGTH, BLEU, DISTINCT_1, DISTINCT_2, MRR, RECALL
+from pipeline.eval.catalogue import (
+    AVG_LENGTH,
+    BLEU,
+    DISTINCT_1,
+    DISTINCT_2,
+    HEADLINE,
+    MRR,
+    RECALL,
+)
+from pipeline.eval.stats import bootstrap_interval
 from pipeline.names import Task
 from pipeline.report.results import RunResult
+from pipeline.report.significance import example_stats
 from pipeline.report.tables import Reference, Row, Table
 
 COLLAPSE_TOP_SHARE = 0.5
@@ -35,9 +45,18 @@ catches a model that varies one token of the same degenerate answer (a word repe
 the length limit)."""
 
 CHANCE_RANKS = tuple(m.key for m in (*RECALL.values(), MRR))
-"""The ranking metrics compared with the chance row (a ranker flagged at or below chance
-when its mean is <= the chance value; R@k with k >= the number of candidates, where chance
-is 1, is no test)."""
+"""The ranking metrics compared with the chance row: a ranker is flagged at or below chance
+when one's mean is <= the chance value (R@k with k >= the number of candidates, where
+chance is 1, is no test)."""
+
+CHANCE_INTERVAL_RANKS = (HEADLINE[Task.SELECT].key, MRR.key)
+"""... or when the lower end of the 95% bootstrap interval over the test examples of one of
+these reaches the chance value: the headline R@10 and MRR, the whole ranking. R@1 is left
+to its mean: at 100 candidates chance is 1% of the examples, and on a few hundred test
+examples its interval cannot clear that (7 hits in 320 reach down to 0.009)."""
+
+CHANCE_BOOTSTRAP_SAMPLES = 1000
+"""Resamples of the test examples behind a ranker's interval against chance."""
 
 COLLAPSED = "collapsed"
 AT_CHANCE = "at or below chance"
@@ -114,31 +133,44 @@ def collapse_flags(run: RunResult) -> list[Flag]:
 
 
 def chance_flags(run: RunResult, references: Iterable[Reference]) -> list[Flag]:
-    """A flag for a select run whose ranking metrics are at or below its corpus' chance
-    row (:data:`CHANCE_RANKS`)."""
+    """A flag for a select run whose ranking metrics are not clear of its corpus' chance
+    row: a mean of :data:`CHANCE_RANKS` at or below it, or the 95% percentile bootstrap
+    interval over the test examples (``eval.stats.bootstrap_interval``, seeds pooled per
+    example) of one of :data:`CHANCE_INTERVAL_RANKS` reaching down to it."""
     if run.task is not Task.SELECT:
         return []
     chance = next((r for r in references if r.corpus == run.corpus and r.task is Task.SELECT), None)
     if chance is None:
         return []
+    ids = list(dict.fromkeys(r.id for r in run.examples))
     low = []
     for key in CHANCE_RANKS:
         ours, level = run.estimate(key), chance.values.get(key)
         if ours is None or level is None or level >= 1.0 or math.isnan(ours.mean):
             continue
-        if ours.mean <= level:
-            low.append((key, ours.mean, level))
+        interval = None
+        if ids and key in CHANCE_INTERVAL_RANKS:
+            values = example_stats(run, key, ids)[:, 0]
+            interval = bootstrap_interval(values, n=CHANCE_BOOTSTRAP_SAMPLES)
+        if ours.mean <= level or (interval is not None and interval[0] <= level):
+            low.append((key, ours.mean, interval, level))
     if not low:
         return []
     labels = {m.key: m.label for m in (*RECALL.values(), MRR)}
-    numbers = ", ".join(f"{labels[k]} {v:.4f} vs chance {c:.4f}" for k, v, c in low)
+    numbers = ", ".join(
+        f"{labels[k]} {v:.4f}"
+        + (f" [{i[0]:.4f}, {i[1]:.4f}]" if i is not None else "")
+        + f" vs chance {c:.4f}"
+        for k, v, i, c in low
+    )
     return [
         Flag(
             run.key,
             AT_CHANCE,
-            f"ranks at or below chance: {numbers} (rule: mean <= the chance row's value, "
-            "a random ranking of the same candidates)",
-            tuple(k for k, _, _ in low),
+            f"ranks at or near chance: {numbers} (rule: the mean, or for R@10 and MRR its "
+            "95% bootstrap interval over the test examples, at or below the chance row's "
+            "value, a random ranking of the same candidates)",
+            tuple(k for k, _, _, _ in low),
         )
     ]
 
@@ -234,7 +266,10 @@ def rules_markdown() -> str:
             f"response is more than {COLLAPSE_TOP_SHARE:.0%} of the test responses, or its "
             f"distinct-2 is below {COLLAPSE_MIN_DISTINCT_2:g}.",
             f"- **{AT_CHANCE}** (a ranker): its R@k or MRR is at or below the chance row's "
-            "value for the same metric (a random ranking of the same number of candidates).",
+            "value for the same metric (a random ranking of the same number of candidates), "
+            "or the 95% percentile bootstrap interval over the test examples "
+            f"({CHANCE_BOOTSTRAP_SAMPLES:,} resamples) of its R@10 or MRR reaches down to "
+            "that value.",
             f"- **{FIRST_VALIDATION}**: the step whose weights were kept (best validation) "
             "is the first validation's: training never improved on it after that.",
             f"- **{NEVER_AVERAGED}**: the run was configured to average its weights "

@@ -3,6 +3,7 @@ encoder-decoder built from the shared layers, and the RNN baselines."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -11,11 +12,11 @@ import torch
 from pydantic import ValidationError
 from torch import Tensor, nn
 
-from pipeline.data.batch import GenerateBatch
+from pipeline.data.batch import GenerateBatch, History
 from pipeline.data.special import BOS_ID, EOS_ID, PAD_ID
 from pipeline.decode import DecodeConfig, GenerationOutput, generate, length_penalty
 from pipeline.models import registry
-from pipeline.models.base import BlockDims, Seq2SeqModel
+from pipeline.models.base import BlockDims, Seq2SeqModel, select_batch_dim
 from pipeline.models.blocks import Decoder, DecoderCache, EncoderLayer
 from pipeline.models.layers import SinusoidalPositions, TokenEmbedding, padding_mask
 from tests.batches import random_generate_batch
@@ -41,6 +42,28 @@ class ConstantModel(Seq2SeqModel):
     def decode(self, tokens: Tensor, memory: object, state=None):
         assert isinstance(memory, Tensor) and memory.shape[0] == tokens.shape[0]
         return self.logits.expand(tokens.shape[0], tokens.shape[1], -1), state
+
+
+class EchoModel(Seq2SeqModel):
+    """Says the history's first word ``w`` with 0.3, token 5 with 0.5, ``<eos>`` with 0.2;
+    after an empty history (no word) token 5 with 0.8 and ``<eos>`` with 0.2."""
+
+    def __init__(self, vocab: int = VOCAB) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def encode(self, batch: GenerateBatch) -> Tensor:
+        return batch.history.input_ids[:, 1]
+
+    def decode(self, tokens: Tensor, memory: object, state=None):
+        assert isinstance(memory, Tensor)
+        probs = torch.full((tokens.shape[0], self.vocab), 1e-12)
+        probs[:, EOS_ID] = 0.2
+        said = memory != EOS_ID
+        probs[:, 5] = torch.where(said, 0.5, 0.8)
+        rows = said.nonzero().squeeze(1)
+        probs[rows, memory[rows]] = 0.3
+        return probs.log()[:, None].expand(-1, tokens.shape[1], -1), state
 
 
 @dataclass
@@ -127,6 +150,8 @@ def test_config_validation() -> None:
         DecodeConfig(beam=3)
     with pytest.raises(ValidationError):
         DecodeConfig(top_p=0.0)
+    with pytest.raises(ValidationError, match="anti_lm: applies to greedy and beam"):
+        DecodeConfig(strategy="nucleus", anti_lm=0.5)
 
 
 def test_length_penalty_is_gnmt() -> None:
@@ -192,6 +217,51 @@ def test_constant_model_sampling_filters() -> None:
     assert generate(ConstantModel(), b, narrow).tokens.tolist() == [[5] * 6] * 16
     wide = generate(ConstantModel(), b, DecodeConfig(strategy="nucleus", top_p=0.85, seed=3))
     assert set(wide.tokens.unique().tolist()) == {PAD_ID, 5, EOS_ID}  # token 6 is cut off
+
+
+def test_anti_lm_ranks_what_the_history_adds_over_its_first_tokens() -> None:
+    b = batch(3)
+    words = b.history.input_ids[:, 1].tolist()
+    plain = generate(EchoModel(), b, DecodeConfig(max_length=3))
+    assert plain.tokens.tolist() == [[5, 5, 5]] * 3
+    # First token: the word ranks log 0.3 - 0.5 log 1e-12 = 12.6 against token 5's
+    # log 0.5 - 0.5 log 0.8 = -0.58; past anti_lm_tokens = 1 the plain argmax (5) is back.
+    config = DecodeConfig(max_length=3, anti_lm=0.5, anti_lm_tokens=1)
+    out = generate(EchoModel(), b, config)
+    assert out.tokens.tolist() == [[w, 5, 5] for w in words]
+    first = math.log(0.3) - 0.5 * math.log(1e-12)
+    assert out.scores.tolist() == pytest.approx([first + 2 * math.log(0.5)] * 3, rel=1e-5)
+    # Over every token (anti_lm_tokens 0): <eos> (log 0.2 - 0.5 log 0.2 = -0.80) loses to
+    # token 5 (-0.58), and a unigram block lets neither the word nor 5 come twice.
+    every = DecodeConfig(max_length=4, anti_lm=0.5, no_repeat_ngram=1)
+    assert generate(EchoModel(), b, every).tokens.tolist() == [[w, 5, EOS_ID] for w in words]
+    for strategy in ("beam", "hier_beam"):  # a beam of one is greedy search
+        one = config.model_copy(update={"strategy": strategy, "beam_size": 1})
+        assert generate(EchoModel(), b, one).tokens.tolist() == out.tokens.tolist()
+
+
+def reference_anti_lm_greedy(model: Seq2SeqModel, b: GenerateBatch, config: DecodeConfig):
+    """Li et al.'s anti-LM greedy written out: both distributions re-decoded from the whole
+    prefix each step, one example at a time, with no cache."""
+    empty = History.empty_turn(b.batch_size, "cpu")
+    model.eval()
+    rows = []
+    with torch.no_grad():
+        memory = model.encode(b)
+        unconditional = model.encode(dataclasses.replace(b, history=empty))
+        for i in range(b.batch_size):
+            index = torch.tensor([i])
+            mine, theirs = select_batch_dim(memory, index), select_batch_dim(unconditional, index)
+            prefix = [BOS_ID]
+            while len(prefix) <= config.max_length and prefix[-1] != EOS_ID:
+                tokens = torch.tensor([prefix])
+                logp = model.decode(tokens, mine)[0][0, -1].log_softmax(-1)
+                logp[[PAD_ID, BOS_ID]] = float("-inf")
+                if len(prefix) <= config.anti_lm_tokens:
+                    logp -= config.anti_lm * model.decode(tokens, theirs)[0][0, -1].log_softmax(-1)
+                prefix.append(int(logp.argmax()))
+            rows.append(prefix[1:])
+    return rows
 
 
 # --------------------------------------------------------------------------- real models
@@ -260,6 +330,28 @@ def test_cache_on_off_identical(name: str, config: DecodeConfig) -> None:
     uncached = generate(model, b, config.model_copy(update={"use_cache": False}))
     assert torch.equal(cached.tokens, uncached.tokens)
     assert torch.allclose(cached.scores, uncached.scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny", "s2sa", "hred"])
+def test_anti_lm_greedy_equals_the_written_out_search_and_beam_one(name: str) -> None:
+    model, b = make(name), batch(4)
+    config = DecodeConfig(max_length=8, anti_lm=0.4, anti_lm_tokens=3)
+    out = generate(model, b, config)
+    got = [row[:n] for row, n in zip(out.tokens.tolist(), out.lengths.tolist(), strict=True)]
+    assert got == reference_anti_lm_greedy(model, b, config)
+    assert (
+        got
+        != [  # the anti-LM changed some answer: the check above is not vacuous
+            row[:n]
+            for out_plain in [generate(model, b, DecodeConfig(max_length=8))]
+            for row, n in zip(out_plain.tokens.tolist(), out_plain.lengths.tolist(), strict=True)
+        ]
+    )
+    beam1 = generate(model, b, config.model_copy(update={"strategy": "beam", "beam_size": 1}))
+    assert torch.equal(out.tokens, beam1.tokens)
+    assert torch.allclose(out.scores, beam1.scores, atol=1e-5)
+    uncached = generate(model, b, config.model_copy(update={"use_cache": False}))
+    assert torch.equal(out.tokens, uncached.tokens)
 
 
 @pytest.mark.parametrize("name", ["tiny", "s2sa", "hred"])

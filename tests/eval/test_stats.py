@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from pipeline.eval.stats import mean_ci, paired_bootstrap, pearson
+from pipeline.eval.stats import bootstrap_interval, mean_ci, paired_bootstrap, pearson
 
 
 def mean_of(scores: np.ndarray, _refs: object = None) -> float:
@@ -134,3 +134,21 @@ def test_pearson_undefined_and_bad_input():
         pearson([1], [1])
     with pytest.raises(ValueError, match="NaN"):
         pearson([1, float("nan")], [1, 2])
+
+
+def test_bootstrap_interval_by_hand_and_against_scipy():
+    # Two examples, 0 and 1: a resample's mean is 0, 0.5 or 1 with probability 1/4, 1/2,
+    # 1/4, so the 2.5% and 97.5% quantiles are 0 and 1; a constant has no spread.
+    assert bootstrap_interval([0.0, 1.0], n=4000) == (0.0, 1.0)
+    assert bootstrap_interval([0.3] * 7) == pytest.approx((0.3, 0.3))
+    rng = np.random.default_rng(5)
+    values = (rng.random(300) < 0.17).astype(float)
+    low, high = bootstrap_interval(values, n=4000, seed=2)
+    reference = sps.bootstrap(
+        (values,), np.mean, n_resamples=4000, method="percentile", random_state=3
+    ).confidence_interval
+    assert low == pytest.approx(reference.low, abs=0.006)
+    assert high == pytest.approx(reference.high, abs=0.006)
+    assert bootstrap_interval(values, n=500, seed=1) == bootstrap_interval(values, n=500, seed=1)
+    with pytest.raises(ValueError, match="no values"):
+        bootstrap_interval([])

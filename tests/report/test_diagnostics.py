@@ -58,10 +58,17 @@ def generate_run(
     )
 
 
-def select_run(metrics: dict[str, float], model: str = "hrt_last", **train: float) -> RunResult:
+def select_run(
+    metrics: dict[str, float],
+    model: str = "hrt_last",
+    ranks: tuple[int, ...] = (),
+    **train: float,
+) -> RunResult:
+    """A ranker with these ``metrics`` whose test examples ranked the true candidate at
+    ``ranks`` (none: no per-example results, so no bootstrap interval, the mean alone)."""
     rows = tuple(
-        ExampleResult(seed=0, id=f"d{i}#1", nll_sum=0.0, n_tokens=1, history_tokens=3, rank=i + 1)
-        for i in range(4)
+        ExampleResult(seed=0, id=f"d{i}#1", nll_sum=0.0, n_tokens=1, history_tokens=3, rank=r)
+        for i, r in enumerate(ranks)
     )
     return RunResult(
         key=f"{model}-chitchat",
@@ -118,6 +125,26 @@ def test_a_ranker_at_or_below_chance_is_named_and_one_above_is_not():
     above = select_run({"recall_at_10": 0.14, "recall_at_1": 0.02, "mrr": 0.06})
     assert diagnose([above], [CHANCE]) == []
     assert diagnose([below], []) == []  # no chance row: nothing to compare with
+
+
+def test_a_ranker_whose_interval_reaches_chance_is_named():
+    # 2 hits in 10: R@10 0.2 is above chance (0.1), but a resample with no hit has
+    # probability 0.8^10 = 0.11 (> 2.5%), so the interval's lower end is 0; 5 hits or more
+    # have 0.033 (P(X <= 4) = 0.967 of Binomial(10, 0.2)), so its upper end is 0.5.
+    near = select_run({"recall_at_10": 0.2}, ranks=(1, 5, *(60,) * 8))
+    (flag,) = diagnose([near], [CHANCE])
+    assert flag.name == AT_CHANCE and flag.metrics == ("recall_at_10",)
+    assert "R@10 0.2000 [0.0000, 0.5000] vs chance 0.1000" in flag.text
+    assert "95% bootstrap interval" in flag.text
+    # 40 hits in 100: the interval (about 0.30-0.50) is clear of chance
+    clear = select_run({"recall_at_10": 0.4}, ranks=(*(3,) * 40, *(60,) * 60))
+    assert diagnose([clear], [CHANCE]) == []
+    # R@1 is judged by its mean alone: 2 first places in 100 (0.02 > 0.01), although a
+    # resample with none has probability 0.98^100 = 0.13
+    few = select_run(
+        {"recall_at_10": 0.4, "recall_at_1": 0.02}, ranks=(1, 1, *(3,) * 38, *(60,) * 60)
+    )
+    assert diagnose([few], [CHANCE]) == []
 
 
 def test_r_at_k_of_every_candidate_is_no_test():
