@@ -10,8 +10,8 @@ namespace), in this order:
 - ``make repro JOBS=2`` as the README tells a user to run it (tokenized already):
   the search, the trainings and the evaluations on the cluster; trainings overlap, as
   MLflow's metric timestamps show, never more than the slots; every seed's weights are
-  ``torch.equal`` to a serial run's (``dvc repro`` one stage at a time, in-process:
-  ``num_workers: 0``, which ``tests/train/test_distributed.py`` shows a 1-worker Ray run
+  ``torch.equal`` to a serial run's (``dvc repro`` one stage at a time, in-process, MLflow
+  off: ``num_workers: 0``, which ``tests/train/test_distributed.py`` shows a 1-worker Ray run
   equals, and this test shows again for these models and seeds); no MLflow run, metric or
   registered version is lost to the concurrent writers of the one ``sqlite:`` store;
   ``dvc status`` is clean afterwards (so a second ``make repro`` would run nothing:
@@ -110,9 +110,16 @@ def serial(
     tmp_path_factory: pytest.TempPathFactory, tokenized_tiny: Path
 ) -> dict[str, dict[str, torch.Tensor]]:
     """The weights of the serial run: each train stage in turn, in-process
-    (``num_workers: 0``), no cluster involved."""
+    (``num_workers: 0``), no cluster involved, MLflow off (``tracking.enabled: false``).
+
+    The tests compare weights alone, and no train or tune stage depends on a ``tracking``
+    param (``dvc.yaml``): MLflow records what a training computes. Off, it spares the
+    reference what costs most besides its steps: its SQLite store, a metric written there
+    every step, a pyfunc model logged and registered per seed. A tracker that changed the
+    weights would make these tests fail, not pass."""
     root = tmp_path_factory.mktemp("serial") / "p"
-    env = project(root, tokenized_tiny, **{"train.scale.num_workers": 0})
+    settings = {"train.scale.num_workers": 0, "tracking.enabled": False}
+    env = project(root, tokenized_tiny, **settings)
     output = run(root, env, DVC, "repro", *TRAIN_STAGES)
     assert "in this process" in output  # the train stages' line: no Ray Train workers
     weights = seed_weights(root)
