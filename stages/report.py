@@ -35,7 +35,8 @@ from pipeline.report.build import build_report
 def select_params(params: Params, key: None = None) -> Params:
     """What this stage reads (``params:`` of ``report`` in dvc.yaml): the runs and the
     training knobs they merge (the results document states each run's batch), the corpora
-    and their tokenize settings and the bootstrap size; and ``tracking``, which only says
+    and their tokenize settings, the decodings of each generate run (the conventions state
+    them) and the bootstrap size; and ``tracking``, which only says
     where the report is also logged (``stages.UNDECLARED_PARAMS``); and ``report``, where
     it also writes the committed results document."""
     return Params.model_construct(
@@ -46,7 +47,10 @@ def select_params(params: Params, key: None = None) -> Params:
         ),
         tune=TuneParams.model_construct(runs=params.tune.runs),
         evaluate=EvaluateParams.model_construct(
-            bootstrap_samples=params.evaluate.bootstrap_samples
+            bootstrap_samples=params.evaluate.bootstrap_samples,
+            decodes=params.evaluate.decodes,
+            models=params.evaluate.models,
+            corpora=params.evaluate.corpora,
         ),
         tracking=params.tracking,
         report=params.report,

@@ -97,6 +97,36 @@ def test_report_end_to_end(shards_project, tmp_path, monkeypatch):
     assert {"report.md", "tables.json", "figures"} <= names
 
 
+def test_the_conventions_state_the_decodings_the_stage_reads():
+    """The report stage's slice of params (``select_params``) carries each generate run's
+    decodings, and the conventions print them with their options."""
+    from types import SimpleNamespace
+
+    from pipeline.names import Task
+    from pipeline.report.build import decode_lines
+    from stages.report import select_params
+
+    greedy = {"strategy": "greedy", "min_length": 3, "anti_lm": 0.75, "anti_lm_tokens": 10}
+    params = params_for(
+        ["transformer", "unet", "hier"],
+        evaluate={
+            "decodes": [greedy, {"strategy": "nucleus", "top_p": 0.9, "temperature": 0.7}],
+            "models": {"hier": [greedy, {"strategy": "beam", "length_penalty": 1.0}]},
+        },
+    )
+    runs = [
+        SimpleNamespace(task=Task.GENERATE, corpus="chitchat", model=m)
+        for m in ("transformer", "unet", "hier")
+    ]
+    greedy_said = "greedy (min length 3, MMI-antiLM 0.75 over first 10 tokens)"
+    assert decode_lines(runs, select_params(params).evaluate) == [
+        f"Decodings of transformer, unet on chitchat (`evaluate.decodes`): {greedy_said}; "
+        "topp0.9 (T 0.7, seed 0); max length the corpus' `generate.max_response`.",
+        f"Decodings of hier on chitchat (`evaluate.decodes`): {greedy_said}; "
+        "beam5 (length penalty 1); max length the corpus' `generate.max_response`.",
+    ]
+
+
 def test_stage_says_what_is_missing(tmp_path, monkeypatch, capsys):
     from stages import report as stage
 
