@@ -20,7 +20,6 @@ if __name__ == "__main__":  # first: the imports below need the project's packag
     ensure_project_interpreter("stages.report")
 
 from pipeline.config import (
-    EvaluateParams,
     Params,
     TokenizeParams,
     TrainParams,
@@ -35,8 +34,9 @@ from pipeline.report.build import build_report
 def select_params(params: Params, key: None = None) -> Params:
     """What this stage reads (``params:`` of ``report`` in dvc.yaml): the runs and the
     training knobs they merge (the results document states each run's batch), the corpora
-    and their tokenize settings, the decodings of each generate run (the conventions state
-    them) and the bootstrap size; and ``tracking``, which only says
+    and their tokenize settings, the evaluate section (the decodings of each generate run,
+    per corpus and model, which the conventions state, and the bootstrap size); and
+    ``tracking``, which only says
     where the report is also logged (``stages.UNDECLARED_PARAMS``); and ``report``, where
     it also writes the committed results document."""
     return Params.model_construct(
@@ -46,12 +46,7 @@ def select_params(params: Params, key: None = None) -> Params:
             defaults=params.train.defaults, models=params.train.models, runs=params.train.runs
         ),
         tune=TuneParams.model_construct(runs=params.tune.runs),
-        evaluate=EvaluateParams.model_construct(
-            bootstrap_samples=params.evaluate.bootstrap_samples,
-            decodes=params.evaluate.decodes,
-            models=params.evaluate.models,
-            corpora=params.evaluate.corpora,
-        ),
+        evaluate=params.evaluate,
         tracking=params.tracking,
         report=params.report,
     )
