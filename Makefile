@@ -64,8 +64,9 @@ TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
 PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
 	--dist loadgroup --no-loadscope-reorder
 
-# Every test's time and each file's total are printed at the end; a test over 60 s that
-# tests/timing.py does not declare fails the run. On CI ($$CI set) a skip is a failure.
+# Every test's time and each file's total are printed at the end; a test over 60 s of the
+# reference machine (tests/timing.py scales it to this one's speed) that tests/timing.py does
+# not declare fails the run. On CI ($$CI set) a skip is a failure.
 test: setup  ## the layers' import contracts, then the whole test suite (slow tests included)
 	$(IN_VENV) PYTHONPATH=. $(BIN)/lint-imports
 	$(PYTEST) -rs --time-report --time-limit 60

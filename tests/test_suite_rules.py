@@ -76,7 +76,14 @@ def rules(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.
     monkeypatch.delenv("HIERTX_TEST_TEARDOWN", raising=False)
     options = ["-n", "1", "--dist", "loadgroup", "--no-loadscope-reorder", "-v"]
     return pytester.runpytest_subprocess(
-        *options, "-p", "no:cacheprovider", "--time-report", "--time-limit", "1"
+        *options,
+        "-p",
+        "no:cacheprovider",
+        "--time-report",
+        "--time-limit",
+        "1",
+        "--time-scale",
+        "1",
     )
 
 
@@ -103,6 +110,33 @@ def test_make_tests_rules_hold_on_a_small_suite(rules: pytest.RunResult) -> None
     assert re.search(r"\d+\.\d s +6 tests  test_rules.py\n", times), out
     # the worker ended through execnet, not os._exit: no crashed or replaced worker
     assert "crashed" not in out and "replacing" not in out
+
+
+def test_the_limit_is_in_reference_seconds_scaled_to_this_machine(monkeypatch) -> None:
+    """A machine that runs the calibration workload 1.5x slower than the reference allows
+    each test 1.5x the limit; a faster one never less than the limit."""
+
+    class Config:
+        def __init__(self, **options: float | None) -> None:
+            self.options = {"time_report": False, "time_scale": None} | options
+
+        def getoption(self, name: str) -> float | None:
+            return self.options[name]
+
+    timed = {"tests/t.py::test_80s": {"setup": 0.0, "call": 80.0, "teardown": 0.0}}
+    reference = timing.REFERENCE_CALIBRATION_S
+    for calibrated, over in [(reference * 1.5, []), (reference * 1.2, ["test_80s"])]:
+        monkeypatch.setattr(timing, "calibrate", lambda calibrated=calibrated: calibrated)
+        timed_here = timing.Timing(Config(time_limit=60.0))
+        timed_here.phases.update(timed)
+        assert [line.split("::")[1].split(":")[0] for line in timed_here.over_the_limit()] == over
+    monkeypatch.setattr(timing, "calibrate", lambda: reference / 3)
+    assert timing.Timing(Config(time_limit=60.0)).limit_here == 60.0
+    fixed = timing.Timing(Config(time_limit=60.0, time_scale=2.0))
+    assert fixed.limit_here == 120.0 and fixed.calibrated is None
+    monkeypatch.setattr(timing, "calibrate", lambda: reference * 1.5)
+    said = timing.Timing(Config(time_limit=60.0)).describe_limit()
+    assert said.startswith("time limit: 60 s of the reference machine, 90 s here"), said
 
 
 def test_a_declared_test_must_be_marked_slow(pytester: pytest.Pytester, monkeypatch) -> None:
