@@ -31,22 +31,32 @@ def call(base: str, path: str, body: dict | None = None) -> dict:
 
 
 class MlflowServer:
-    def __init__(self, folder: Path, backend: str | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        backend: str | None = None,
+        artifacts: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         """``backend``: the server's store (a ``postgresql+psycopg2://`` URI, as ``infra/mlflow``
-        deploys it); a sqlite file in ``folder`` by default."""
+        deploys it); a sqlite file in ``folder`` by default. ``artifacts``: where the server
+        puts the artifacts it proxies (``--artifacts-destination``: a bucket's URI, with
+        ``env`` reaching the bucket); a folder in ``folder`` by default."""
         self.folder = folder
         self.backend = backend or f"sqlite:///{folder / 'server.db'}"
+        self.artifacts = artifacts or str(folder / "artifacts")
+        self.env = env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 180) -> None:
-        env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+        env = {**os.environ, **self.env, "MLFLOW_DISABLE_TELEMETRY": "true"}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1",
              "--port", str(self.port),
              "--backend-store-uri", self.backend,
-             "--artifacts-destination", str(self.folder / "artifacts"), "--workers", "1"],
+             "--artifacts-destination", self.artifacts, "--workers", "1"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: stop() ends its workers too
         )  # fmt: skip

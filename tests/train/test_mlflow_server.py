@@ -1,10 +1,14 @@
 """A real ``mlflow server`` on 127.0.0.1 shows a training run, its metrics and the
-registered model over its REST API (what the MLflow UI and teams' tooling read)."""
+registered model over its REST API (what the MLflow UI and teams' tooling read), with the
+run's artifacts in a bucket of the local S3 server, as a team deploys ``infra/mlflow``
+(``MLFLOW_ARTIFACTS_DESTINATION=s3://...``)."""
 
 from __future__ import annotations
 
 import shutil
 import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -19,25 +23,43 @@ from pipeline.tracking import store as tracking_store
 from pipeline.tracking import sync as tracking_sync
 from pipeline.tracking.store import TrackingUnavailable
 from pipeline.train.training import train_plan
+from tests.s3_server import S3Server
 from tests.test_serving import tiny_checkpoint
 from tests.train import postgres
 from tests.train.conftest import stage_params
 from tests.train.mlflow_server import MlflowServer, call
 
 
+@dataclass(frozen=True)
+class TeamServer:
+    """A running team server and the bucket its artifacts go to."""
+
+    url: str
+    s3: S3Server
+    bucket: str
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def mlflow_server(request, tmp_path: Path):
-    """A real server on a sqlite file, and on a real PostgreSQL (``infra/mlflow``'s store)."""
+def mlflow_server(request, tmp_path: Path, s3_server: S3Server) -> Iterator[TeamServer]:
+    """A real server on a sqlite file, and on a real PostgreSQL (``infra/mlflow``'s store),
+    its artifacts in a fresh bucket. Only the server has the bucket's credentials: the
+    trainings send artifacts through it (``--serve-artifacts``, on by default)."""
     database = None
     if request.param == "postgresql":
         if reason := postgres.available():
             pytest.skip(reason)
         database = postgres.Postgres()
         database.start()
-    server = MlflowServer(tmp_path, backend=database.uri if database else None)
+    bucket = s3_server.new_bucket()
+    server = MlflowServer(
+        tmp_path,
+        backend=database.uri if database else None,
+        artifacts=f"s3://{bucket}/mlartifacts",
+        env=s3_server.env,
+    )
     try:
         server.start()
-        yield server.url
+        yield TeamServer(server.url, s3_server, bucket)
     finally:
         server.stop()
         if database:
@@ -46,24 +68,27 @@ def mlflow_server(request, tmp_path: Path):
 
 @pytest.mark.slow
 def test_server_shows_run_metrics_and_registered_model(
-    project, mlflow_server, monkeypatch, tmp_path
+    project, mlflow_server: TeamServer, monkeypatch, tmp_path
 ):
     # a project of its own: training in the shared one would resume that project's run
     own = tmp_path / "project"
     shutil.copytree(project / "data" / "shards", own / "data" / "shards")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    for name in mlflow_server.s3.env:  # the training holds no key to the bucket
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
     plan = plan_training(RunRequest.of(checked(stage_params()), "transformer-chitchat"), own)
     trained = train_plan(plan, show_progress=False)
     mf = trained.mlflow
     assert not mf.fallback, "training must log to the server, not to the local fallback"
 
+    server = mlflow_server.url
     experiment = call(
-        mlflow_server,
+        server,
         "/api/2.0/mlflow/experiments/get-by-name?experiment_name="
         + urllib.request.quote(mf.experiment),
     )["experiment"]
     runs = call(
-        mlflow_server, "/api/2.0/mlflow/runs/search",
+        server, "/api/2.0/mlflow/runs/search",
         {"experiment_ids": [experiment["experiment_id"]], "max_results": 10},
     )["runs"]  # fmt: skip
     run = next(r for r in runs if r["info"]["run_id"] == mf.run_id)
@@ -71,7 +96,7 @@ def test_server_shows_run_metrics_and_registered_model(
     params = {p["key"]: p["value"] for p in run["data"]["params"]}
     assert params["train.optimizer.lr"] == "0.003"
     history = call(
-        mlflow_server,
+        server,
         f"/api/2.0/mlflow/metrics/get-history?run_id={mf.run_id}&metric_key=curves/valid_loss",
     )["metrics"]
     assert len(history) == 2
@@ -79,10 +104,20 @@ def test_server_shows_run_metrics_and_registered_model(
     assert best == pytest.approx(trained.metrics["best_valid_loss"], rel=1e-6)
 
     search = "/api/2.0/mlflow/registered-models/search?max_results=10"  # GET, unlike runs
-    models = call(mlflow_server, search)["registered_models"]
+    models = call(server, search)["registered_models"]
     registered = next(m for m in models if m["name"] == mf.registered_model)
     versions = registered["latest_versions"]
     assert any(v["version"] == mf.model_version and v["run_id"] == mf.run_id for v in versions)
+
+    # the model the version points at lies in the team's bucket, put there by the server
+    version = call(
+        server,
+        f"/api/2.0/mlflow/model-versions/get?name={mf.registered_model}&version={mf.model_version}",
+    )["model_version"]
+    assert version["source"].startswith(("models:/", "mlflow-artifacts:/", "runs:/"))
+    stored = mlflow_server.s3.keys(mlflow_server.bucket)
+    assert any(k.startswith("mlartifacts/") and k.endswith("/MLmodel") for k in stored), stored
+    assert not (tmp_path / "artifacts").exists()  # nothing went to the server's disk
 
 
 def _points(client, run_id: str, key: str) -> list[tuple[int, int, float]]:
