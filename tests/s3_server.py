@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -73,3 +76,23 @@ def running() -> Iterator[S3Server]:
         yield S3Server(f"http://{host}:{port}")
     finally:
         server.stop()
+
+
+def serve_until(port: int, stop: Path) -> None:
+    """A moto S3 server on 127.0.0.1:``port`` until the file ``stop`` exists: for clients
+    this process cannot reach, as in a cluster's network namespace
+    (``python -m tests.s3_server PORT STOP`` started there)."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        while not stop.exists():
+            time.sleep(0.2)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    serve_until(int(sys.argv[1]), Path(sys.argv[2]))

@@ -38,11 +38,12 @@ OVER_A_MINUTE: dict[str, str] = {
         "numpy, pydantic and transformers only): every part's code path at toy sizes, the "
         "loop's step compiled by Inductor from a cold cache, as the GPU kit runs it"
     ),
-    "tests/infra/test_cluster_repro.py::test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run": (  # noqa: E501
-        "make repro JOBS=2 on a three-node local Ray cluster: the search, trainings and "
-        "evaluations; trainings overlap up to the slots, every seed's weights equal a serial "
-        "run's (its module fixture), no MLflow run, metric or model version lost to "
-        "concurrent writers; dvc status clean afterwards"
+    "tests/infra/test_cluster_repro.py::test_make_repro_jobs_2_on_the_cluster_equals_the_serial_run_and_outlives_it": (  # noqa: E501
+        "make repro JOBS=2 on a three-node local Ray cluster, Ray Train's storage in a "
+        "bucket: the search, trainings and evaluations; trainings overlap up to the slots, "
+        "every seed's weights equal a serial run's (its module fixture), no MLflow run, "
+        "metric or model version lost to concurrent writers; dvc status clean; then the "
+        "results pushed, the project deleted and pulled into a fresh clone whole"
     ),
     "tests/test_pipeline.py::test_make_repro_as_a_user_then_compare_experiments": (
         "the README's make repro from a fresh clone at profiles/tiny.yaml, from a shell "
@@ -70,11 +71,6 @@ OVER_A_MINUTE: dict[str, str] = {
     "tests/data/test_tokenize_streaming.py::test_split_variants_stream_to_the_files_of_their_splits_built_whole": (  # noqa: E501
         "the split variants on real corpora (train_on: valid on MultiWOZ 2.1 with its acts, "
         "resplit_train on PersonaChat) stream to the files of their splits built whole"
-    ),
-    "tests/test_results_e2e.py::test_a_remote_run_pushed_deleted_and_pulled_into_a_fresh_clone": (
-        "issue 48's done-when: a tiny-profile run with its checkpoints in a bucket of the "
-        "local S3 server and its MLflow server down, pushed, deleted, pulled into a fresh "
-        "clone: dvc.lock, metrics, the model and the MLflow runs back, dvc status clean"
     ),
     "tests/test_results_follow_code.py::test_kill_9_then_repro_resumes_to_the_uninterrupted_weights": (  # noqa: E501
         "kill -9 mid-training, then dvc repro resumes to the weights of an uninterrupted "

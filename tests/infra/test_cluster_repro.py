@@ -7,15 +7,20 @@ namespace), in this order:
 - a DDP job across two nodes (``infra/smoke_ddp.py``: one rank per node, all-reduced
   gradients agree), and the probe that guards a multi-node run (every node sees a folder of
   the shared disk, none a folder private to the driver);
-- ``make repro JOBS=2`` as the README tells a user to run it (tokenized already):
-  the search, the trainings and the evaluations on the cluster; trainings overlap, as
-  MLflow's metric timestamps show, never more than the slots; every seed's weights are
-  ``torch.equal`` to a serial run's (``dvc repro`` one stage at a time, in-process, MLflow
-  off: ``num_workers: 0``, which ``tests/train/test_distributed.py`` shows a 1-worker Ray run
-  equals, and this test shows again for these models and seeds); no MLflow run, metric or
-  registered version is lost to the concurrent writers of the one ``sqlite:`` store;
-  ``dvc status`` is clean afterwards (so a second ``make repro`` would run nothing:
-  ``tests/test_repro.py`` shows ``--jobs`` runs none then);
+- ``make repro JOBS=2`` as the README tells a user to run it (tokenized already), as on a
+  cloud: Ray Train's storage in a bucket of an S3 server (moto) that the nodes reach as a
+  cloud's nodes reach S3. The search, the trainings and the evaluations on the cluster;
+  trainings overlap, as MLflow's metric timestamps show, never more than the slots; every
+  seed's weights are ``torch.equal`` to a serial run's (``dvc repro`` one stage at a time,
+  in-process, MLflow off: ``num_workers: 0``, which ``tests/train/test_distributed.py``
+  shows a 1-worker Ray run equals, and this test shows again for these models and seeds);
+  no MLflow run, metric or registered version is lost to the concurrent writers of the
+  project's one ``sqlite:`` store; ``dvc status`` is clean afterwards (so a second ``make
+  repro`` would run nothing: ``tests/test_repro.py`` shows ``--jobs`` runs none then).
+  Then issue 48's "done when": ``make push-results`` to the bucket (the DVC remote, the
+  bundle with ``dvc.lock``, the metrics, the report and the MLflow store), the project
+  deleted, and in a fresh clone ``make pull-results`` brings back every file byte for
+  byte, the models with them, and the MLflow runs, with ``dvc status`` clean;
 - last, as it costs the cluster a node: a worker node killed (its raylet, found under the
   script's own processes) in the middle of a training: the run resumes from its last
   checkpoint on the other node and ends with the serial run's weights.
@@ -50,6 +55,7 @@ from tests.projects import (
     run,
     user_env,
 )
+from tests.s3_server import S3Server
 
 pytestmark = [
     pytest.mark.slow,
@@ -76,6 +82,11 @@ PARAMS: dict[str, object] = {
 }
 TRAIN_STAGES = ["train@transformer-chitchat", "train_tuned@hier-chitchat"]
 RUNS = ["transformer-chitchat", "hier-chitchat"]
+# An S3 server inside the cluster's network namespace (the tests' own, outside it, is out of
+# its reach): the nodes start with its endpoint and credentials in their environment.
+CLUSTER_S3 = S3Server("http://127.0.0.1:9000")
+BUCKET = "hiertx-cluster"
+MAKE = ["make", "-o", str(VENV / ".installed"), f"VENV={VENV}"]
 
 
 def project(root: Path, tokenized: Path, **params: object) -> dict[str, str]:
@@ -135,12 +146,81 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         pytest.skip("needs the project's venv (run through `make test`)")
     folder = tmp_path_factory.mktemp("cluster")
     # the script runs the `ray` CLI of the environment the user activated
-    started = LocalCluster(folder, NODES, os.environ | {"PATH": venv_path()}).start()
+    env = os.environ | CLUSTER_S3.env | {"PATH": venv_path()}
+    started = LocalCluster(folder, NODES, env).start()
     assert "local_cluster.sh: 3 nodes up at 127.0.0.1:6380" in started.log
     yield started
     left = started.stop()
     assert not left, f"processes of the cluster outlived the script: {left}"
     assert not started.workdir.exists(), "the script left its folder behind"
+
+
+# Run in the namespace: create the bucket once the server answers; list a bucket's keys.
+CREATE_BUCKET = """
+import sys, time
+from tests.s3_server import S3Server
+deadline = time.monotonic() + 120
+while True:
+    try:
+        S3Server(sys.argv[1]).client().create_bucket(Bucket=sys.argv[2])
+        break
+    except Exception:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
+"""
+LIST_KEYS = """
+import sys
+from tests.s3_server import S3Server
+print("KEYS", *S3Server(sys.argv[1]).keys(sys.argv[2]))
+"""
+
+
+@pytest.fixture(scope="module")
+def bucket(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """:data:`BUCKET` on :data:`CLUSTER_S3`, started in the cluster's namespace for the
+    tests that need it; stopped before the cluster."""
+    stop = tmp_path_factory.mktemp("s3") / "stop"
+    port = CLUSTER_S3.endpoint.rsplit(":", 1)[1]
+    server = cluster.popen(
+        REPO, cluster.env, sys.executable, "-m", "tests.s3_server", port, str(stop)
+    )
+    try:
+        cluster.run(
+            REPO, cluster.env, sys.executable, "-c", CREATE_BUCKET, CLUSTER_S3.endpoint, BUCKET
+        )
+        yield BUCKET
+    finally:
+        stop.touch()
+        assert server.wait(60) == 0, server.output[-3000:]
+
+
+def bucket_keys(cluster: LocalCluster, name: str) -> list[str]:
+    output = cluster.run(
+        REPO, cluster.env, sys.executable, "-c", LIST_KEYS, CLUSTER_S3.endpoint, name
+    )
+    return next(x for x in output.splitlines() if x.startswith("KEYS")).split()[1:]
+
+
+def files_under(root: Path, *tops: str) -> dict[str, bytes]:
+    """``{path: content}`` of the files at or under each of ``tops``."""
+    found = {}
+    for top in tops:
+        path = root / top
+        paths = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        found.update({p.relative_to(root).as_posix(): p.read_bytes() for p in paths})
+    return found
+
+
+def mlflow_runs(tracking_uri: str) -> dict[str, dict[str, float]]:
+    """``{run name: final metrics}`` of every run of the store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return {
+        r.info.run_name: r.data.metrics for r in client.search_runs(experiments, max_results=1000)
+    }
 
 
 def whole(cluster: LocalCluster) -> LocalCluster:
@@ -209,22 +289,26 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
-def test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run(
+def test_make_repro_jobs_2_on_the_cluster_equals_the_serial_run_and_outlives_it(
     tmp_path: Path,
     cluster: LocalCluster,
+    bucket: str,
     serial: dict[str, dict[str, torch.Tensor]],
     tokenized_tiny: Path,
 ) -> None:
     """From the tokenized tiny project: what a fresh clone's ``make repro`` does first is
-    ``tests/test_pipeline.py``'s; the cluster runs what follows."""
+    ``tests/test_pipeline.py``'s; the cluster runs what follows, then the results go to the
+    bucket and come back into a fresh clone."""
     root = tmp_path / "p"
-    env = project(root, tokenized_tiny)
-    make = ["make", "-o", str(VENV / ".installed"), f"VENV={VENV}", "repro"]
-    output = whole(cluster).run(root, env, *make, "JOBS=2")
+    storage = {"HIERTX_STORAGE_PATH": f"s3://{bucket}/ray"}
+    env = project(root, tokenized_tiny) | CLUSTER_S3.env | storage  # the head's shell
+    del env["MLFLOW_TRACKING_URI"]  # the project's own store (mlflow.db), which results carry
+    output = whole(cluster).run(root, env, *MAKE, "repro", "JOBS=2")
     assert "ray: joined the cluster at 127.0.0.1:6380 ($RAY_ADDRESS)" in output
     assert "started a private cluster" not in output
 
-    intervals = training_intervals(env["MLFLOW_TRACKING_URI"])
+    store = f"sqlite:///{root / 'mlflow.db'}"
+    intervals = training_intervals(store)
     assert len(intervals) >= 2 * len(RUNS)  # every seed's run, and the search's trial
     assert 2 <= most_at_once(intervals) <= SLOTS, intervals
 
@@ -234,12 +318,36 @@ def test_make_repro_jobs_2_fills_the_cluster_and_equals_the_serial_run(
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    client = MlflowClient(store)
     for key in RUNS:
         versions = client.search_model_versions(f"name = 'hiertx-{key}'")
         assert len(versions) == 2, (key, [v.version for v in versions])  # one per seed
 
     assert dvc_json(root, env, "status") == {}  # a second make would run nothing
+    assert any(k.startswith("ray/train-transformer-chitchat") for k in bucket_keys(cluster, bucket))
+
+    # the cluster's last step: its results to the bucket; then the cluster's disk is gone
+    url = f"s3://{bucket}/results"
+    pushed = cluster.run(root, env, *MAKE, "push-results", f"REMOTE={url}")
+    assert f"make pull-results REMOTE={url}" in pushed, pushed[-3000:]
+    results = ["dvc.lock", "params.yaml", "metrics", "reports", "data/train"]
+    kept = files_under(root, *results)
+    runs = mlflow_runs(store)
+    shutil.rmtree(root)
+
+    # on the laptop: a fresh clone of the commit the run was at, the documented command
+    laptop = tmp_path / "laptop"
+    run(tmp_path, env, "git", "clone", "-q", str(tokenized_tiny), str(laptop))
+    team = f"sqlite:///{tmp_path / 'team.db'}"
+    laptop_env = env | {"MLFLOW_TRACKING_URI": team}
+    pulled = cluster.run(laptop, laptop_env, *MAKE, "pull-results", f"REMOTE={url}")
+    assert "runs copied" in pulled, pulled[-3000:]
+    got_back = files_under(laptop, *results)
+    assert got_back.keys() == kept.keys()
+    assert [name for name in kept if got_back[name] != kept[name]] == []
+    assert all(same(serial[k], w) for k, w in seed_weights(laptop).items())
+    assert dvc_json(laptop, laptop_env, "status") == {}
+    assert mlflow_runs(team) == runs  # every run, with its metrics
 
 
 def _kill_its_node_after_a_checkpoint(
