@@ -212,15 +212,14 @@ def files_under(root: Path, *tops: str) -> dict[str, bytes]:
     return found
 
 
-def mlflow_runs(tracking_uri: str) -> dict[str, dict[str, float]]:
-    """``{run name: final metrics}`` of every run of the store."""
+def mlflow_runs(tracking_uri: str) -> list[tuple[str, str]]:
+    """``(run name, its final metrics as JSON)`` of every run of the store, sorted."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
-    return {
-        r.info.run_name: r.data.metrics for r in client.search_runs(experiments, max_results=1000)
-    }
+    found = client.search_runs(experiments, max_results=1000)
+    return sorted((r.info.run_name, json.dumps(r.data.metrics, sort_keys=True)) for r in found)
 
 
 def whole(cluster: LocalCluster) -> LocalCluster:
@@ -333,6 +332,7 @@ def test_make_repro_jobs_2_on_the_cluster_equals_the_serial_run_and_outlives_it(
     results = ["dvc.lock", "params.yaml", "metrics", "reports", "data/train"]
     kept = files_under(root, *results)
     runs = mlflow_runs(store)
+    assert len(runs) > 2 * len(RUNS)  # the seeds' runs, the search and its trial, evaluations
     shutil.rmtree(root)
 
     # on the laptop: a fresh clone of the commit the run was at, the documented command
