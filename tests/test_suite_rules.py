@@ -123,7 +123,7 @@ def test_the_limit_is_in_reference_seconds_scaled_to_this_machine(monkeypatch) -
         def getoption(self, name: str) -> float | None:
             return self.options[name]
 
-    timed = {"tests/t.py::test_80s": {"setup": 0.0, "call": 80.0, "teardown": 0.0}}
+    timed = {"t/slow.py::test_80s": {"setup": 0.0, "call": 80.0, "teardown": 0.0}}
     reference = timing.REFERENCE_CALIBRATION_S
     for calibrated, over in [(reference * 1.5, []), (reference * 1.2, ["test_80s"])]:
         monkeypatch.setattr(timing, "calibrate", lambda calibrated=calibrated: calibrated)
