@@ -2,8 +2,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# Stages `make repro` runs at a time (pipeline/repro.py); 1: a plain `dvc repro`.
-JOBS   ?= 1
+# Stages `make repro` runs at a time (pipeline/repro.py): one per core, as every training
+# computes with one core (train.placement.cpus_per_worker); 1: a plain `dvc repro`. The
+# cores this process may use (nproc would give $OMP_NUM_THREADS instead when it is set).
+JOBS   ?= $(shell env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 # DVC runs each stage's `python -m stages.<name>` with the first `python` on PATH: the
 # targets below put the venv first, so they work from a shell where it is not activated.
 IN_VENV := PATH="$(abspath $(BIN)):$$PATH" VIRTUAL_ENV="$(abspath $(VENV))"
@@ -35,7 +37,7 @@ setup: $(VENV)/.installed
 # both train.runs and tune.runs: "Use dvc remove", a key written twice) gets the project's
 # explanation, and a file DVC's parser would take minutes over (over 1 MB, aliases adding
 # more than 100,000 values: pipeline/config/params_file.py) stops make in seconds.
-repro: setup  ## the main job: dvc repro on the embedded chitchat corpus (JOBS=4: 4 stages at a time)
+repro: setup  ## the main job: dvc repro on the embedded chitchat corpus, a stage per core (JOBS=N)
 	$(IN_VENV) $(BIN)/python -m stages.check --out .dvc/tmp/check
 ifeq ($(JOBS),1)
 	$(IN_VENV) $(BIN)/dvc repro

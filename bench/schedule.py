@@ -1,7 +1,8 @@
 """The schedule ``make repro JOBS=N`` and Ray give a pipeline, simulated.
 
 ``pipeline.repro`` starts each stage once every stage it depends on is done, at most
-``JOBS`` at a time, in ``dvc.yaml`` order; a stage hands Ray its trainings (one per seed) or
+``JOBS`` at a time, in its plan's order (``Plan.order``: the longest chain of stages
+first, then ``dvc.yaml`` order); a stage hands Ray its trainings (one per seed) or
 evaluation tasks all at once, or, for a search at ``concurrency`` c, c trials at a time;
 Ray starts each on a free GPU in the order they were asked for (a pending placement group
 is placed as soon as resources free up). This module replays that policy on known
@@ -65,8 +66,8 @@ class _Running:
 
 
 def simulate(stages: list[Stage], jobs: int, gpus: int) -> Schedule:
-    """Replay ``make repro JOBS=jobs`` on ``gpus`` GPUs (one per job); ``stages`` in
-    ``dvc.yaml`` order, each after its upstream."""
+    """Replay ``make repro JOBS=jobs`` on ``gpus`` GPUs (one per job); ``stages`` in the
+    order ``pipeline.repro`` starts them (``Plan.order``), each after its upstream."""
     if jobs < 1 or gpus < 1:
         raise ValueError(f"jobs and gpus must be >= 1, got {jobs} and {gpus}")
     names = {s.name for s in stages}

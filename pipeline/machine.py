@@ -1,10 +1,13 @@
 """What a run ran on, in one line for records and reports (results are only comparable
-between runs whose line says the same machine)."""
+between runs whose line says the same machine), and the threads it computes with."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,6 +55,29 @@ def default_device() -> torch.device:
     import torch
 
     return torch.device("cuda" if has_gpu() else "cpu")
+
+
+@contextlib.contextmanager
+def cpu_threads(cpus: float) -> Iterator[int]:
+    """torch's intra-op threads for the block: the cores one worker holds
+    (``train.placement.cpus_per_worker``, at least one thread), as many in a stage's own
+    process as in a Ray worker with that many CPUs; the caller's count restored after.
+
+    A fixed count, not this machine's cores, because a CPU result depends on it: the
+    reductions split over threads add in another order (1 and 2 threads end a training at
+    different weights). So a run gives the same weights on any machine with the same CPU
+    kernels, whatever its cores and however many stages run beside it, and concurrent
+    stages (``make repro JOBS=N``) each keep to their share instead of all of them
+    spinning a thread per core."""
+    import torch
+
+    before = torch.get_num_threads()
+    threads = max(1, math.floor(cpus))
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(before)
 
 
 def describe() -> str:

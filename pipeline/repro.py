@@ -1,7 +1,9 @@
 """``dvc repro`` with independent stages run concurrently: ``python -m pipeline.repro --jobs N``.
 
 This only decides *when* to start each stage; DVC decides whether a stage is stale and does
-all the locking. Each stage runs as ``dvc --wait-for-lock repro -s <stage>``:
+all the locking. A stage DVC's status finds up to date, with nothing stale upstream, gets
+no process (``Plan.fresh``: a second ``make repro`` starts none). Each other stage runs as
+``dvc --wait-for-lock repro -s <stage>``:
 
 * ``-s`` (``--single-item``) reproduces that one stage without walking its upstream, so it
   never write-locks outputs another process reads: DVC's per-path locks (``.dvc/tmp/rwlock``)
@@ -49,8 +51,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.helpformat import HelpFormatter, describe
@@ -114,11 +116,15 @@ def stop_on_signals() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class Plan:
-    """What to run: ``order`` by ``dvc repro -s`` (dvc.yaml order), ``left`` by ``dvc repro``."""
+    """What to run: ``order`` by ``dvc repro -s`` (:func:`topological`: the longest chain
+    first, then dvc.yaml order), ``left`` by ``dvc repro``;
+    ``fresh``: stages up to date with nothing stale upstream, which no process is started
+    for (a ``dvc repro -s`` would only find them unchanged)."""
 
     order: list[str]
     upstream: dict[str, set[str]]
     left: list[str]
+    fresh: list[str] = field(default_factory=list)
 
     def waves(self) -> list[list[str]]:
         """Stages grouped by their longest chain of upstream stages (for ``--dry-run``)."""
@@ -131,8 +137,10 @@ class Plan:
         ]
 
 
-def load_plan(final: list[str] | None = None) -> Plan:
-    """Read the stage graph of ``./dvc.yaml`` and split it into scheduled and left stages."""
+def load_plan(final: list[str] | None = None, skip_fresh: bool = False) -> Plan:
+    """Read the stage graph of ``./dvc.yaml`` and split it into scheduled and left stages;
+    with ``skip_fresh``, DVC's own status of each stage (``Stage.status``: what ``dvc
+    status`` prints) leaves out the stages up to date with nothing stale upstream."""
     from dvc.repo import Repo
 
     with Repo() as repo:
@@ -144,6 +152,10 @@ def load_plan(final: list[str] | None = None) -> Plan:
             names[s]: {names[d] for d in index.graph.successors(s) if d in names} for s in stages
         }
         always = {names[s] for s in stages if s.always_changed or s.is_callback}
+        stale = set(upstream)
+        if skip_fresh:
+            with repo.lock:
+                stale = {names[s] for s in stages if s.status()}
     downstream: dict[str, set[str]] = {name: set() for name in upstream}
     for name, ups in upstream.items():
         for u in ups:
@@ -152,29 +164,56 @@ def load_plan(final: list[str] | None = None) -> Plan:
         final = [name for name, down in downstream.items() if not down]
     if unknown := sorted(set(final) - set(upstream)):
         raise SystemExit(f"unknown stage(s) for --final: {', '.join(unknown)}")
-    left: set[str] = set()
-    todo = [*final, *always]
-    while todo:
-        if (name := todo.pop()) not in left:
-            left.add(name)
-            todo.extend(downstream[name])
+    left = with_downstream([*final, *always], downstream)
+    # a stage runs when it is stale or when a stage it depends on may change its inputs
+    fresh = set(upstream) - left - with_downstream(stale, downstream)
     ordered = topological(list(upstream), upstream)
     return Plan(
-        order=[n for n in ordered if n not in left],
-        upstream={n: upstream[n] for n in ordered if n not in left},
+        order=[n for n in ordered if n not in left | fresh],
+        upstream={n: upstream[n] - fresh for n in ordered if n not in left | fresh},
         left=[n for n in ordered if n in left],
+        fresh=[n for n in ordered if n in fresh],
     )
 
 
+def with_downstream(names: Iterable[str], downstream: dict[str, set[str]]) -> set[str]:
+    """``names`` and every stage that depends on one of them, directly or not."""
+    found: set[str] = set()
+    todo = list(names)
+    while todo:
+        if (name := todo.pop()) not in found:
+            found.add(name)
+            todo.extend(downstream[name])
+    return found
+
+
 def topological(names: list[str], upstream: dict[str, set[str]]) -> list[str]:
-    """Kahn's order; among ready stages the one listed first in ``names`` goes first."""
+    """Kahn's order; among ready stages the one on the longest chain of stages through it
+    goes first (a tuned training, behind its search, before the plain ones that could wait),
+    then the one listed first in ``names``. ``run_stages`` starts ready stages in this order."""
+    downstream: dict[str, set[str]] = {name: set() for name in names}
+    for name in names:
+        for u in upstream[name]:
+            downstream[u].add(name)
+    above: dict[str, int] = {}
+    below: dict[str, int] = {}
+    chain = {n: _longest(n, upstream, above) + _longest(n, downstream, below) for n in names}
+    position = {name: i for i, name in enumerate(names)}
     done: set[str] = set()
     order: list[str] = []
     while len(order) < len(names):
-        name = next(n for n in names if n not in done and upstream[n] <= done)
+        ready = [n for n in names if n not in done and upstream[n] <= done]
+        name = min(ready, key=lambda n: (-chain[n], position[n]))
         done.add(name)
         order.append(name)
     return order
+
+
+def _longest(name: str, edges: dict[str, set[str]], memo: dict[str, int]) -> int:
+    """The most stages on a path from ``name`` along ``edges``, ``name`` excluded."""
+    if name not in memo:
+        memo[name] = max((1 + _longest(n, edges, memo) for n in edges[name]), default=0)
+    return memo[name]
 
 
 class Child:
@@ -239,6 +278,8 @@ def run_stages(plan: Plan, jobs: int, records: list[Record]) -> int:
     """Run ``plan.order`` at most ``jobs`` at a time; 0, the first failure's code, or 128 +
     the signal that stopped the run (:func:`stop_on_signals`)."""
     pending, done, total = list(plan.order), set[str](), len(plan.order)
+    if plan.fresh:
+        say(f"up to date: {' '.join(plan.fresh)}")
     running: dict[str, Child] = {}
     failed: list[Child] = []
     finished: queue.Queue[str] = queue.Queue()
@@ -291,7 +332,7 @@ def run_final(jobs: int, records: list[Record]) -> int:
     """The closing plain ``dvc repro``: in our terminal at ``--jobs 1``, streamed otherwise."""
     if jobs == 1:
         start = time.time()
-        proc = subprocess.Popen([*DVC, "repro"])  # our process group: ^C reaches DVC as today
+        proc = subprocess.Popen([*DVC, "repro"])  # our process group: ^C reaches DVC as typed
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # and DVC alone handles it
         try:
             code = proc.wait()
@@ -347,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.jobs == 1 and args.dry_run:
         print("dvc repro")
         return 0
-    plan = load_plan(args.final) if args.jobs > 1 else None
+    plan = load_plan(args.final, skip_fresh=True) if args.jobs > 1 else None
     if plan is not None and args.dry_run:
+        if plan.fresh:
+            print(f"up to date: {' '.join(plan.fresh)}")
         print(f"`dvc repro -s`, {args.jobs} at a time, each once its upstream stages are done:")
         for i, wave in enumerate(plan.waves(), 1):
             print(f"  wave {i}: {' '.join(wave)}")
@@ -356,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pipeline.gpu_share import run_instance  # torch and Ray: not for --help
 
-    if plan is None:  # a plain `dvc repro` in our process group: today's behaviour
+    if plan is None:  # a plain `dvc repro` in our process group, as if typed
         with run_instance(args.jobs):
             return run_final(1, [])
     try:

@@ -5,6 +5,7 @@ The whole pipeline under ``make repro`` is ``tests/test_pipeline.py``'s."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -59,3 +60,27 @@ def test_a_hostile_params_file_stops_make_repro_before_dvc(
     assert result.returncode != 0
     assert said in result.stderr
     assert not (tmp_path / "dvc-ran").exists()
+
+
+def _planned(*args: str) -> str:
+    """What ``make repro`` would run, as typed in a shell (not as a sub-make of ``make
+    test``, which passes its flags and prints the directories it enters)."""
+    make = ["make", "-n", "-o", str(VENV / ".installed"), f"VENV={VENV}", "repro", *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    return subprocess.run(
+        make, cwd=REPO, env=env, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_make_repro_runs_a_stage_per_core_and_jobs_1_is_a_plain_dvc_repro() -> None:
+    """Every training computes on one core (``train.placement.cpus_per_worker: 1`` is its
+    torch threads), so ``make repro`` keeps each core busy with a stage of its own: as many
+    at once as this process may use cores (``nproc``)."""
+    cores = len(os.sched_getaffinity(0))
+    planned = _planned()
+    if cores > 1:
+        assert f"-m pipeline.repro --jobs {cores}\n" in planned
+    else:
+        assert "pipeline.repro" not in planned
+    plain = _planned("JOBS=1")
+    assert "pipeline.repro" not in plain and plain.rstrip().endswith("/dvc repro")

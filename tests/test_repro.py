@@ -178,7 +178,29 @@ def test_second_run_starts_no_stage_command(parallel: tuple[Path, str]) -> None:
     assert done.returncode == 0, done.stdout
     assert len(runs(project)) == before, done.stdout
     assert outputs(project) == outs
-    assert "Stage 'work@d' didn't change, skipping" in done.stdout
+    # DVC's status finds every scheduled stage up to date: no `dvc repro -s` is started
+    assert "up to date: prep work@a work@b work@c work@d\n" in done.stdout
+    assert "started work@" not in done.stdout and "started prep" not in done.stdout
+    assert "Data and pipelines are up to date" in done.stdout
+
+
+@pytest.mark.slow
+def test_only_a_stale_stage_and_what_depends_on_it_run_again(tmp_path: Path) -> None:
+    project = make_project(tmp_path / "stale")
+    assert repro(project, "--jobs", "2").returncode == 0
+    (project / "out" / "work" / "b.txt").write_text("edited by hand\n")  # work@b is stale
+    done = repro(project, "--jobs", "2")
+    assert done.returncode == 0, done.stdout
+    assert "up to date: prep work@a work@c work@d\n" in done.stdout
+    started = [line for line in done.stdout.splitlines() if line.startswith("started ")]
+    assert started == [
+        "started work@b (1 running, 0/1 done)",
+        "started dvc repro (the remaining stages)",
+    ]
+    # DVC itself restores the edited output (from its run cache: the command does not run)
+    assert "[work@b] Stage 'work@b' is cached - skipping run, checking out outputs" in done.stdout
+    assert (project / "out" / "work" / "b.txt").read_text() == "prep\nb\n"
+    assert json.loads(dvc(project, "status", "--json").stdout) == {}
 
 
 @pytest.mark.slow
@@ -208,6 +230,23 @@ def test_jobs_1_is_a_plain_dvc_repro(tmp_path: Path, parallel: tuple[Path, str])
     assert outputs(project) == outputs(parallel[0])
     assert lock_outs(project) == lock_outs(parallel[0])
     assert json.loads(dvc(project, "status", "--json").stdout) == {}
+
+
+def test_a_ready_stage_on_the_longest_chain_starts_first() -> None:
+    """A tuned training waits for its search; once the search is done it goes before the
+    plain trainings still waiting, which can run beside it (then dvc.yaml order)."""
+    from pipeline.repro import topological
+
+    names = ["prep", "work@a", "work@b", "search", "tuned", "report"]
+    upstream = {
+        "prep": set(),
+        "work@a": {"prep"},
+        "work@b": {"prep"},
+        "search": {"prep"},
+        "tuned": {"search"},
+        "report": {"work@a", "work@b", "tuned"},
+    }
+    assert topological(names, upstream) == ["prep", "search", "tuned", "work@a", "work@b", "report"]
 
 
 def test_dry_run_prints_the_waves(tmp_path: Path) -> None:

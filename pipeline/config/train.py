@@ -335,10 +335,13 @@ class ScaleParams(Section):
 
 class PlacementParams(Section):
     """Where a run's workers go: not what they compute, so changing it re-runs nothing (no
-    DVC dependency; ``stages.UNDECLARED_PARAMS``)."""
+    DVC dependency; ``stages.UNDECLARED_PARAMS``). ``cpus_per_worker`` is also a worker's
+    torch threads, in the stage's own process too (``pipeline.machine.cpu_threads``): like
+    another CPU or GPU model, another count rounds a CPU result differently (the same
+    training, other low bits), which DVC does not track either."""
 
     use_gpu: bool | None = Field(default=None, description="null = use GPUs if present")
-    cpus_per_worker: float = Field(default=1.0, gt=0)
+    cpus_per_worker: float = Field(default=1.0, gt=0, description="cores = torch threads")
     gpus_per_worker: float = Field(default=1.0, gt=0, description="with use_gpu only")
     strategy: PlacementStrategy = PlacementStrategy.PACK
     max_failures: int = Field(

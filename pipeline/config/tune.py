@@ -139,7 +139,9 @@ class TuneParams(Section):
     grace_period: int = Field(default=1, gt=0, description="evaluations before ASHA may stop")
     reduction_factor: int = Field(default=3, ge=2)
     seed: int = Field(default=0, ge=0, description="Optuna sampler seed")
-    cpus_per_trial: float = Field(default=1.0, gt=0, description="local-mode trials")
+    cpus_per_trial: float = Field(
+        default=1.0, gt=0, description="local-mode trials: cores = torch threads"
+    )
     spaces: dict[str, SearchSpace] = Field(default_factory=dict, description="per model name")
     runs: dict[str, RunTarget] = Field(
         default_factory=dict, description="runs tuned, then trained (stage train_tuned@<key>)"

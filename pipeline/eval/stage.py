@@ -69,7 +69,7 @@ from pipeline.eval.language import LMEvaluator
 from pipeline.eval.selection import SelectEvaluator
 from pipeline.execution import ExecutionPolicy, LargestBatch
 from pipeline.gpu_share import gpu_lease
-from pipeline.machine import default_device
+from pipeline.machine import cpu_threads, default_device
 from pipeline.models import registry
 from pipeline.models.saved import load_model
 from pipeline.names import Task
@@ -110,7 +110,8 @@ def evaluate_run(
         settings, model_name, corpus, layout.root, key, progress, vectors, record.precision
     )
     if record.workers == 0 or record.placement is None:
-        with gpu_lease(record.placement or PlacementParams()):  # as the training had
+        placement = record.placement or PlacementParams()
+        with gpu_lease(placement), cpu_threads(placement.cpus_per_worker):  # as trained
             results = [job(seed) for seed in record.seeds]
     else:
         results = _on_cluster(job, record.seeds, record.placement)
@@ -189,11 +190,12 @@ def _on_cluster(
         data = Layout(job.root).data_dir  # the shards, the exported models, MultiWOZ's database
         require_shared(data, "project", "the models and test data are under", PROJECT_ON_SHARED_FS)
         task = ray.remote(_run_seed).options(num_cpus=placement.cpus_per_worker, num_gpus=gpus)
-        return ray.get([task.remote(job, seed) for seed in seeds])
+        return ray.get([task.remote(job, seed, placement.cpus_per_worker) for seed in seeds])
 
 
-def _run_seed(job: SeedEvaluation, seed: TrainedSeed) -> SeedResult:
-    return job(seed)
+def _run_seed(job: SeedEvaluation, seed: TrainedSeed, cpus: float) -> SeedResult:
+    with cpu_threads(cpus):
+        return job(seed)
 
 
 def _vectors(settings: EvalSettings, model_name: str, corpus: str, layout: Layout) -> Any:

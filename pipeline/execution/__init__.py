@@ -9,7 +9,8 @@ evaluation's batch size (the largest that fits, agreed by every rank) and the ho
 check around a step. The training loop, the validation score, the evaluate stage and the
 GPU check take a policy; none of them asks which device it runs on. On a CPU a policy built
 from the default params changes nothing (no autocast, no compile, no padding, the params'
-batch sizes), so CPU results are those of the code before it, bit for bit.
+batch sizes): a CPU run is the plain eager computation. The threads it computes with are
+its placement's (``pipeline.machine.cpu_threads``), not the device's.
 ``docs/DESIGN.md`` ("How to add a GPU optimisation") walks through adding one.
 """
 

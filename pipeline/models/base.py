@@ -153,7 +153,7 @@ class TransformerLMConfig(AttentionModelConfig):
     """A Transformer language model's config with the regularisers of the Transformer-XL PTB
     recipe (github ischlag/Fast-Weight-Memory-public, ``language-modelling/
     transformer_xl_ptb/``; DESIGN.md, "The language models' regularisers"). All off by
-    default: today's models, bit for bit. Each ``*_dropout`` site left ``None`` takes
+    default: the plain model, bit for bit. Each ``*_dropout`` site left ``None`` takes
     ``dropout``; with ``locked_dropout`` its mask is one per sequence."""
 
     locked_dropout: bool = Field(
@@ -209,7 +209,7 @@ def on_gpu(where: Tensor | torch.device) -> bool:
     the device, for the kernel a pass takes (static shapes where host reads stall the
     stream, ``stack.static_shapes``; FlexAttention, whose kernels and backward are CUDA's,
     ``flex``, ``hier.resolve_layout``). Every other device decision is the run's
-    ``pipeline.execution.ExecutionPolicy``; the eager CPU path is today's, bit for bit."""
+    ``pipeline.execution.ExecutionPolicy``; on the CPU a pass is the plain eager one."""
     device = where.device if isinstance(where, Tensor) else where
     return device.type == "cuda"
 

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from pipeline.cluster import open_storage, ray_cluster, use_gpu
 from pipeline.config import PlacementParams
 from pipeline.errors import HiertxError
+from pipeline.machine import cpu_threads
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState, summary
 from pipeline.train.context import LocalContext, first_intact
 from pipeline.train.loop import TrainJob, train_local, train_worker
@@ -127,7 +128,8 @@ def report_with_checkpoint(
 
 def _worker_main(config: dict[str, Any]) -> None:
     job: TrainJob = config["job"]
-    train_worker(job, RayContext(job.restart))
+    with cpu_threads(config["cpus"]):
+        train_worker(job, RayContext(job.restart))
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def trainer(
         resources["GPU"] = placement.gpus_per_worker
     return TorchTrainer(
         _worker_main,
-        train_loop_config={"job": job},
+        train_loop_config={"job": job, "cpus": placement.cpus_per_worker},
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=gpu,

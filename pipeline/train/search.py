@@ -22,7 +22,7 @@ from pipeline.cluster import use_gpu
 from pipeline.config import SearchDim, SearchKind, SearchSpace, TuneParams
 from pipeline.config.tune import sampled_model, trial_params
 from pipeline.errors import ConfigError
-from pipeline.machine import default_device
+from pipeline.machine import cpu_threads, default_device
 from pipeline.plan import RunPlan
 from pipeline.tracking import TAG_TRIAL, NullTracker, RunRef, Tracker
 from pipeline.train.checkpoint import TrainingState
@@ -159,7 +159,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> None:
     )
     try:
         if plan.workers == 0:
-            train_worker(job, TuneContext())
+            with cpu_threads(setup.tune.cpus_per_trial):
+                train_worker(job, TuneContext())
         else:
             from ray.tune.integration.ray_train import TuneReportCallback
 

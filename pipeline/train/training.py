@@ -52,7 +52,8 @@ def train_seeds(
     first = plan_training(request, root)
     plans = [first.for_seed(i) for i in range(len(first.seeds))]
     if first.workers == 0:
-        with gpu_lease(first.placement):  # its own GPU when the stages share a machine
+        # its own GPU when the stages share a machine, and a worker's CPU share
+        with gpu_lease(first.placement), machine.cpu_threads(first.placement.cpus_per_worker):
             trained = [_timed(plan, show_progress) for plan in plans]
     else:
         with ray_cluster(), ThreadPoolExecutor(len(plans), "seed") as pool:

@@ -217,6 +217,27 @@ def test_every_seed_trains_as_its_own_run_into_its_own_folder(own):
     assert not (own / f"data/train/{KEY}" / MODEL_FILE).exists()
 
 
+def test_an_in_process_run_computes_with_its_workers_cores_as_torch_threads(own, monkeypatch):
+    """``train.placement.cpus_per_worker`` is a worker's torch threads in the stage's own
+    process as on a Ray worker: ``make repro`` runs a stage per core, each on its share."""
+    from pipeline.train import training
+
+    threads: list[int] = []
+    timed = training._timed
+
+    def counted(plan, show_progress):
+        threads.append(torch.get_num_threads())
+        return timed(plan, show_progress)
+
+    monkeypatch.setattr(training, "_timed", counted)
+    raw = _untracked(epochs=1, max_batches_per_epoch=2, eval_every=2, max_eval_batches=1)
+    raw["train"]["placement"] = {"cpus_per_worker": 2}
+    before = torch.get_num_threads()
+    train_seeds(_request(raw), own, show_progress=False)
+    assert threads == [2] != [before]
+    assert torch.get_num_threads() == before
+
+
 def _torn(path: Path) -> None:
     path.write_bytes(path.read_bytes()[:100])
 
