@@ -60,9 +60,10 @@ compare: setup  ## the runs' key metrics side by side, a table per task (REV=mai
 # The tests run on pytest-xdist workers, one more than the cores (TEST_WORKERS=0: all in one
 # process), each with one torch/OpenMP thread; `--dist loadgroup` keeps the tests of one
 # @pytest.mark.xdist_group on one worker, one after another (tests/timing.py: which start first).
-# One more than the cores: the multi-node tests' worker waits on Ray much of its time (2 cores:
-# pytest 24.1 min with 2 workers; 20.4 and 21.5 min with 3, the cores 95% busy).
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) + 1 )))
+# One more than the cores (counted as JOBS counts them): the multi-node tests' worker waits on
+# Ray much of its time (2 cores: pytest 24.1 min with 2 workers; 20.4 and 21.5 min with 3, the
+# cores 95% busy).
+TEST_WORKERS ?= $(shell echo $$(( $$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 2) + 1 )))
 PYTEST := $(IN_VENV) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
 	--dist loadgroup --no-loadscope-reorder
 
@@ -79,10 +80,10 @@ test-fast: setup  ## the inner loop: the tests not marked slow, in parallel (CI 
 # Does any test depend on the order it runs in? `python -m tests.order` runs the tests reversed
 # (pytest-reverse), shuffled with each seed of ORDER_SEEDS (pytest-random-order: the modules'
 # order and the tests' within each), then each test module alone in a fresh process,
-# TEST_WORKERS at a time, and lists what failed in which order. The not-slow tests (about
-# 30 min on 2 cores with TEST_WORKERS=2); SLOW=1: all of them. ORDERS: the orders to run
-# (ORDERS=alone: only each module alone). Both plugins act only when asked: `make test`
-# and `make test-fast` run in pytest's order. CI does not run it.
+# TEST_WORKERS at a time, and lists what failed in which order. The not-slow tests (21 min
+# on 2 cores with TEST_WORKERS=2); SLOW=1: all of them (each module alone: 29 min). ORDERS:
+# the orders to run (ORDERS=alone: only each module alone). Both plugins act only when
+# asked: `make test` and `make test-fast` run in pytest's order. CI does not run it.
 ORDER_SEEDS ?= 1 2 3
 ORDERS      ?= reversed shuffled alone
 test-order: setup  ## the order-dependence search: reversed, 3 seeded shuffles, each module alone

@@ -62,13 +62,15 @@ def test_a_hostile_params_file_stops_make_repro_before_dvc(
     assert not (tmp_path / "dvc-ran").exists()
 
 
-def _planned(*args: str) -> str:
-    """What ``make repro`` would run, as typed in a shell (not as a sub-make of ``make
-    test``, which passes its flags and prints the directories it enters)."""
-    make = ["make", "-n", "-o", str(VENV / ".installed"), f"VENV={VENV}", "repro", *args]
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+def _planned(*args: str, target: str = "repro", **env: str) -> str:
+    """What ``make <target>`` would run, as typed in a shell (not as a sub-make of ``make
+    test``, which passes its flags and prints the directories it enters), with ``env``."""
+    make = ["make", "-n", "-o", str(VENV / ".installed"), f"VENV={VENV}", target, *args]
+    inherited = {
+        k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+    }
     return subprocess.run(
-        make, cwd=REPO, env=env, capture_output=True, text=True, check=True
+        make, cwd=REPO, env=inherited | env, capture_output=True, text=True, check=True
     ).stdout
 
 
@@ -84,3 +86,13 @@ def test_make_repro_runs_a_stage_per_core_and_jobs_1_is_a_plain_dvc_repro() -> N
         assert "pipeline.repro" not in planned
     plain = _planned("JOBS=1")
     assert "pipeline.repro" not in plain and plain.rstrip().endswith("/dvc repro")
+
+
+def test_a_shell_exporting_omp_num_threads_still_gets_a_stage_and_a_test_worker_per_core() -> None:
+    """GNU ``nproc`` prints ``$OMP_NUM_THREADS`` where it is set (HPC login shells export
+    1, as the suite does): ``JOBS`` and ``TEST_WORKERS`` count the cores without it."""
+    cores = len(os.sched_getaffinity(0))
+    one_thread = {"OMP_NUM_THREADS": "1", "OMP_THREAD_LIMIT": "1"}
+    if cores > 1:
+        assert f"-m pipeline.repro --jobs {cores}\n" in _planned(**one_thread)
+    assert f" -n {cores + 1} " in _planned(target="test-fast", **one_thread)
