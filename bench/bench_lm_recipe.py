@@ -58,6 +58,7 @@ from pipeline.artifacts import MANIFEST_FILE, Layout
 from pipeline.config import Params
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.splits import Split
+from pipeline.data.streams import LMFeed
 from pipeline.data.tokenize import tokenize_corpus
 from pipeline.eval.stats import mean_ci
 from pipeline.names import Task
@@ -139,13 +140,13 @@ def prepare(args: argparse.Namespace, profile: Params) -> tuple[Path, int]:
     """The layout's project under ``--work`` (tokenized once) and its steps per epoch."""
     root = args.work / args.layout
     layout = Layout(root)
+    params = project_params(profile, args.layout)
     if not (layout.shards(CORPUS) / MANIFEST_FILE).is_file():
         write_subset(args.ptb, layout.raw(CORPUS), args.fraction, args.valid_fraction)
-        params = project_params(profile, args.layout)
         tokenize_corpus(CORPUS, layout.raw(CORPUS), layout.shards(CORPUS), params)
-    unit = "tokens" if args.layout == "stream" else None
+    feed = LMFeed("tokens", params.tokenize.corpora[CORPUS].lm)  # GPT's unit
     loader = BatchLoader(
-        open_split(layout.shards(CORPUS), Task.LM, Split.TRAIN, unit), args.batch_size
+        open_split(layout.shards(CORPUS), Task.LM, Split.TRAIN, feed), args.batch_size
     )
     return root, len(loader)
 

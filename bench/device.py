@@ -14,8 +14,9 @@ import argparse
 from typing import TypeVar
 
 import torch
+from torch import nn
 
-from pipeline.execution import ExecutionPolicy
+from pipeline.execution import ExecutionPolicy, moved
 
 T = TypeVar("T")
 
@@ -30,8 +31,11 @@ def on_cuda(device: torch.device | str) -> bool:
 def place(value: T, device: torch.device | str) -> T:
     """``value`` (a model, or a fixed batch a benchmark builds once) on ``device``: the
     benchmarks' one move to the device outside the loop's and the policy's own (the
-    loop's step moves its model and batch itself)."""
-    return value.to(device)  # type: ignore[attr-defined, no-any-return]
+    loop's step moves its model and batch itself); a batch moves as the policy moves
+    batches (``execution.transfer.moved``)."""
+    if isinstance(value, nn.Module):
+        return value.to(device)  # type: ignore[return-value]
+    return moved(value, torch.device(device))  # type: ignore[type-var]
 
 
 def synchronize(device: torch.device | str) -> None:

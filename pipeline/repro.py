@@ -51,11 +51,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.helpformat import HelpFormatter, describe
+from pipeline.signals import Interrupted, signal_number, stop_on_signals
 
 DVC = [sys.executable, "-m", "dvc"]
 TIMES = Path(".dvc/tmp/repro-times.json")
@@ -78,40 +79,6 @@ def say(text: str) -> None:
             null = os.open(os.devnull, os.O_WRONLY)
             os.dup2(null, sys.stdout.fileno())
             os.close(null)
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where Ctrl-C raises ``KeyboardInterrupt``: one stop path."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def signal_number(stop: KeyboardInterrupt) -> int:
-    """The signal behind ``stop``: SIGINT for a plain ``KeyboardInterrupt`` (Ctrl-C)."""
-    return stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """For the block, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (as
-    SIGINT raises ``KeyboardInterrupt``); the previous handlers come back afterwards. A
-    signal already ignored (``nohup``) stays ignored; off the main thread nothing changes."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise Interrupted(signum)
-
-    previous: dict[int, object] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                previous[sig] = signal.signal(sig, stop)
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ checkpoint paths, metrics). A run listed under ``tune.runs`` starts from
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from stages import ensure_project_interpreter
@@ -22,6 +23,7 @@ from pipeline.config import Params
 from pipeline.errors import HiertxError
 from pipeline.helpformat import command_parser
 from pipeline.plan import RunRequest, load_checked
+from pipeline.signals import signal_number
 from pipeline.train.training import train_seeds
 
 
@@ -49,6 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     except HiertxError as err:
         print(f"train {args.run}: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: the loop checkpointed
+        signum = signal_number(stop)
+        print(
+            f"train {args.run}: stopped ({signal.Signals(signum).name}); run the stage "
+            "again to resume from its last checkpoint",
+            file=sys.stderr,
+        )
+        return 128 + signum
     for seed in record.seeds:
         print(
             f"{args.run} (seed {seed.seed}): best valid loss "

@@ -6,6 +6,7 @@ so model tests depend on the batch contract only, not on the tokenization stage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -259,3 +260,15 @@ def ptb_lm_batch(
         chunk = lines[b * sentences_per_document : (b + 1) * sentences_per_document]
         docs.append([[*[vocab.stoi.get(w, UNK_ID) for w in s.split()][:25], EOS_ID] for s in chunk])
     return lm_batch_from_sentences(docs), vocab
+
+
+def tensors(batch: object) -> list[Tensor]:
+    """Every tensor of ``batch``, its history's included, in field order."""
+    out: list[Tensor] = []
+    for f in dataclasses.fields(batch):  # type: ignore[arg-type]
+        value = getattr(batch, f.name)
+        if isinstance(value, Tensor):
+            out.append(value)
+        elif isinstance(value, History):
+            out.extend(tensors(value))
+    return out

@@ -112,7 +112,7 @@ def test_chat_keeps_the_history_and_answers_like_generate(project, monkeypatch, 
     assert len(done.stderr.splitlines()) == 3 and "Warning" not in done.stderr, done.stderr
 
     # the same responses, decoded in-process from the checkpoint with the growing history
-    model = load_model(project / "data" / "train" / "transformer-chitchat" / "model.pt", "cpu")
+    model = load_model(project / "data" / "train" / "transformer-chitchat" / "model.pt")
     vocab = load_vocab(project / "data" / "shards" / "chitchat")
     history: list[str] = []
     expected = []
@@ -147,9 +147,7 @@ def test_rank_orders_candidates_by_model_score(project, capsys, tmp_path):
     )
     printed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
 
-    model = load_model(
-        project / "data" / "train" / "transformer_ranker-chitchat" / "model.pt", "cpu"
-    )
+    model = load_model(project / "data" / "train" / "transformer_ranker-chitchat" / "model.pt")
     vocab = load_vocab(project / "data" / "shards" / "chitchat")
     batch = select_batch([context], [candidates], vocab, spec())
     with torch.no_grad():

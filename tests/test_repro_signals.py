@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.repro import Interrupted, stop_on_signals
 from tests.test_repro import env, make_project
 
 ITEMS = ["a", "b"]
@@ -173,21 +172,3 @@ def test_a_signal_to_the_driver_stops_every_quiet_stage_cleanly(
         for pgid in groups.values():
             if group(pgid):
                 os.killpg(pgid, signal.SIGKILL)
-
-
-def test_stop_on_signals_raises_for_the_block_and_restores_the_handlers() -> None:
-    """SIGTERM inside the block raises ``Interrupted`` (a ``KeyboardInterrupt``) with its
-    number; an ignored SIGHUP (``nohup``) stays ignored; the old handlers come back."""
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        with stop_on_signals():
-            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-            with pytest.raises(Interrupted) as caught:
-                signal.raise_signal(signal.SIGTERM)
-            assert caught.value.signum == signal.SIGTERM
-            assert isinstance(caught.value, KeyboardInterrupt)
-        assert signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM]
-        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGHUP, before[signal.SIGHUP])

@@ -120,7 +120,7 @@ class LMStreamParams(Section):
     """``lm.stream``: how ``lm.layout: stream`` cuts the training text into segments
     (``pipeline.data.streams``). Defaults: the Transformer-XL PTB code's (github
     ischlag/Fast-Weight-Memory-public, ``language-modelling/transformer_xl_ptb/train.py``
-    l. 97-102, 311-318): 70 target tokens after up to 70 of context, 5% of the segments
+    l. 97-102, 338-341, 359, 416): 70 target tokens after up to 70 of context, 5% of the segments
     half as long, a normal jitter of sd 5, at least 5 tokens; a hierarchical LM cuts whole
     sentences, 3 after up to 3 (PTB's sentences average 22 tokens: about the same text)."""
 

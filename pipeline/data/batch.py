@@ -24,26 +24,26 @@ from pipeline.data.special import BOS_ID, EOS_ID, SPEAKER_OTHER
 
 
 class _TensorBatch:
-    """Moves, pins or pads every tensor of a dataclass batch, nested batches included, in
-    one call. ``TOKEN_AXES``: the axis of each field that runs over tokens (what
+    """Maps or pads every tensor of a dataclass batch, nested batches included, in one
+    call. ``TOKEN_AXES``: the axis of each field that runs over tokens (what
     :meth:`padded` pads)."""
 
     TOKEN_AXES: ClassVar[dict[str, int]] = {}
 
-    def _map(self, fn: Callable[[Tensor], Tensor]) -> Self:
+    def map_tensors(self, fn: Callable[[Tensor], Tensor]) -> Self:
+        """The batch with ``fn`` of each of its tensors (moving and pinning them is the
+        execution policy's: ``pipeline.execution.transfer``)."""
         mapped = {
-            f.name: (v._map(fn) if isinstance(v, _TensorBatch) else fn(v))
+            f.name: (v.map_tensors(fn) if isinstance(v, _TensorBatch) else fn(v))
             for f in dataclasses.fields(self)  # type: ignore[arg-type]
             for v in [getattr(self, f.name)]
             if isinstance(v, Tensor | _TensorBatch)
         }
         return dataclasses.replace(self, **mapped)  # type: ignore[type-var]
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Self:
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> Self:
-        return self._map(Tensor.pin_memory)
+    def cpu(self) -> Self:
+        """The batch in host memory, where its values are read (as ``Tensor.cpu``)."""
+        return self.map_tensors(Tensor.cpu)
 
     def padded(self, width: Callable[[int], int]) -> Self:
         """Every token axis padded at its end to ``width(its length)`` with the padding

@@ -31,7 +31,7 @@ from pipeline.data.records import (
 )
 from pipeline.data.resample import TrainingDraws
 from pipeline.data.shards import ShardTable, read_manifest
-from pipeline.data.streams import Unit, split_stream
+from pipeline.data.streams import LMFeed, split_stream
 from pipeline.data.vocab import Vocab
 from pipeline.errors import DataError
 from pipeline.names import Task
@@ -79,20 +79,20 @@ class ExampleDataset(Dataset):
     ``select.resample_negatives`` redraws its candidates (and, with augmentation, its
     contexts) per (seed, epoch, row), as :meth:`set_epoch` last set; None elsewhere, the
     examples then being exactly the stored ones. ``stream``: a language model's split
-    read as one text (``stream_unit`` given, and the corpus's ``lm`` params asking for it:
+    read as one text (``feed`` given, and its ``lm`` params asking for it:
     ``data.streams.split_stream``): its examples are windows of it, a training split's
     recut by :meth:`set_epoch`.
     """
 
     def __init__(
-        self, root: str | Path, task: Task | str, split: str, stream_unit: Unit | None = None
+        self, root: str | Path, task: Task | str, split: str, feed: LMFeed | None = None
     ) -> None:
         self.table = ShardTable(root, task, split)
         self.task = self.table.task
         self.split = split
         self.n_acts = self.manifest.n_acts
         self.draws = TrainingDraws.of(self.table, split)
-        self.stream = None if stream_unit is None else split_stream(self.table, split, stream_unit)
+        self.stream = None if feed is None else split_stream(self.table, split, feed)
 
     @property
     def manifest(self) -> TokenizeRecord:
@@ -148,13 +148,12 @@ class ExampleDataset(Dataset):
 
 
 def open_split(
-    root: str | Path, task: Task | str, split: str, stream_unit: Unit | None = None
+    root: str | Path, task: Task | str, split: str, feed: LMFeed | None = None
 ) -> ExampleDataset:
     """The dataset of ``task`` examples of ``split`` in the tokenized folder ``root``.
-    ``stream_unit``: a language model's (``tokens``, ``sentences``), which reads the split
-    as the corpus's ``lm`` params say (``data.streams.split_stream``); None: the stored
-    examples."""
-    return ExampleDataset(root, task, split, stream_unit)
+    ``feed``: how a language model reads the split (its unit, the run's ``lm`` params:
+    ``data.streams.split_stream``); None: the stored examples."""
+    return ExampleDataset(root, task, split, feed)
 
 
 # --------------------------------------------------------------------------- collate

@@ -15,9 +15,9 @@ window is read as one document from ``<bos>``, its first ``context`` tokens unsc
 - **Training segments** (:func:`segment_bounds`, ``tokenize.corpora.<c>.lm.layout:
   stream``), as the Transformer-XL PTB code feeds its model (github
   ischlag/Fast-Weight-Memory-public, ``language-modelling/transformer_xl_ptb/train.py`` l.
-  311-318, ``utils.py`` ``get_batch``): consecutive segments of a jittered length (the
-  target, 95% of them ``target`` units, 5% half that, plus a normal draw of sd ``jitter``,
-  at least ``minimum``), each after up to ``context`` units of the text before it (their
+  338-341, 359, 416, ``utils.py`` ``get_batch``): consecutive segments of a jittered
+  length (the target, 95% of them ``target`` units, 5% half that, plus a normal draw of sd
+  ``jitter``, at least ``minimum``), each after up to ``context`` units of the text before it (their
   ``ext_len``). Their boundaries start at offset 0 every epoch; ours also start at a drawn
   offset (the first segment is the units before it), so no boundary is fixed. Both are
   drawn from (seed, epoch) alone: every rank and a resumed run cut the same segments.
@@ -33,7 +33,6 @@ from typing import Literal
 
 import numpy as np
 
-from pipeline.artifacts import TokenizeRecord
 from pipeline.config import LMParams, LMProtocol
 from pipeline.data.records import LMExample, Nested
 from pipeline.data.shards import ShardTable
@@ -215,28 +214,40 @@ def segment_rule(lm: LMParams, unit: Unit) -> SegmentRule:
     )
 
 
-def split_stream(table: ShardTable, split: str, model_unit: Unit) -> StreamExamples | None:
-    """How a language model of stream unit ``model_unit`` reads ``split`` of an LM table,
-    as the corpus's ``lm`` params (in its manifest) say: the training split cut into
-    segments (``layout: stream``), the validation split in evaluation windows
-    (``validation.protocol: stream``); None: as stored documents."""
+@dataclass(frozen=True)
+class LMFeed:
+    """How a language model reads the splits of an LM table: in ``unit`` (the model's
+    ``stream_unit``), as ``lm`` says (the run's ``tokenize.corpora.<c>.lm``: the training
+    layout, the validation protocol).
+
+    ``lm`` comes from the params the stage reads, not from the ones the shards were built
+    with (their manifest): it chooses how the same documents are read, so a stage called
+    with ``--params FILE`` reads them as ``dvc repro`` with that file does."""
+
+    unit: Unit
+    lm: LMParams
+
+
+def split_stream(table: ShardTable, split: str, feed: LMFeed) -> StreamExamples | None:
+    """How a language model reads ``split`` of an LM table, as ``feed`` says: the training
+    split cut into segments (``layout: stream``), the validation split in evaluation
+    windows (``validation.protocol: stream``); None: as stored documents."""
     if table.task is not Task.LM:
         return None
-    lm = table.manifest.params.corpus.lm
+    lm = feed.lm
     if split == Split.TRAIN and lm.layout == "stream":
-        return StreamExamples(TextStream.of_table(table), model_unit, segment_rule(lm, model_unit))
+        return StreamExamples(TextStream.of_table(table), feed.unit, segment_rule(lm, feed.unit))
     if split == Split.VALID and lm.validation.protocol is LMProtocol.STREAM:
-        unit, context, stride = lm.validation.window(model_unit)
+        unit, context, stride = lm.validation.window(feed.unit)
         return StreamExamples(TextStream.of_table(table), unit, None, context, stride)
     return None
 
 
-def stream_key(manifest: TokenizeRecord) -> str:
+def stream_key(lm: LMParams) -> str:
     """A suffix for the data's fingerprint: empty where a corpus's language models read
-    documents (run names stay as they were), else the settings that cut the splits, so
-    that another feeding starts a fresh run rather than resuming one trained on other
-    batches (the shards do not change)."""
-    lm = manifest.params.corpus.lm
+    documents (run names stay as they were), else the settings that cut the splits (the
+    run's ``lm``, as :class:`LMFeed` reads them), so that another feeding starts a fresh run
+    rather than resuming one trained on other batches (the shards do not change)."""
     parts = []
     if lm.layout == "stream":
         parts.append(f"+stream:{lm.stream.model_dump_json()}")

@@ -208,7 +208,7 @@ class GenerateEvaluator(Evaluator):
     ) -> list[str]:
         """``samples.md`` entries (one per example) for the first ``room`` examples."""
         entries: list[str] = []
-        history = batch.history.to("cpu")
+        history = batch.history.cpu()
         references = got.references[-len(examples) :]
         for i in range(min(room, len(examples))):
             lines = [

@@ -158,7 +158,7 @@ class SeedEvaluation:
         task = registry.spec(self.model_name).task
         dataset = open_split(layout.shards(self.corpus), task, Split.TEST)
         evaluator = _evaluator(self, task, layout, policy)
-        model = load_model(layout.resolve(seed.checkpoint), policy.device)
+        model = policy.place(load_model(layout.resolve(seed.checkpoint)))
         ev = self.settings.evaluate
 
         def attempt(size: int, limit: int | None) -> SeedResult:

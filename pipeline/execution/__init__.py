@@ -4,8 +4,8 @@ Every decision that depends on the device lives here (the one other place that n
 device, ``pipeline.machine``, only says which device a process has): the autocast dtype,
 whether and how the training step is compiled (mode, backend, the dynamic-shape settings
 that spare recompiles) and FlexAttention's kernel with it, the static shapes a compiled
-step's batches are padded to, moving batches to the device, the fused optimizer,
-evaluation's batch size (the largest that fits, agreed by every rank) and the host-sync
+step's batches are padded to, placing models and moving batches on the device, the fused
+optimizer, evaluation's batch size (the largest that fits, agreed by every rank) and the host-sync
 check around a step. The training loop, the validation score, the evaluate stage and the
 GPU check take a policy; none of them asks which device it runs on. On a CPU a policy built
 from the default params changes nothing (no autocast, no compile, no padding, the params'
@@ -36,7 +36,7 @@ from pipeline.execution.sizing import (
     ranks_agree,
     require_no_collectives,
 )
-from pipeline.execution.transfer import to_device
+from pipeline.execution.transfer import moved, pinned, to_device
 
 __all__ = [
     "LARGE_EVAL_BATCH",
@@ -54,7 +54,9 @@ __all__ = [
     "compiles",
     "flex_backend",
     "forked_rng",
+    "moved",
     "out_of_memory",
+    "pinned",
     "ranks_agree",
     "require_no_collectives",
     "to_device",

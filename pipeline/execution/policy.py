@@ -26,6 +26,7 @@ from pipeline.execution.transfer import pairs_to_device, to_device
 from pipeline.models import flex
 
 T = TypeVar("T")
+M = TypeVar("M", bound=nn.Module)
 PAD_MULTIPLE = 8  # token lengths of a compiled step's batches: fewer shapes to compile for
 REDUCE_OVERHEAD = "reduce-overhead"  # torch.compile's mode with CUDA graphs
 
@@ -237,6 +238,10 @@ class ExecutionPolicy:
         """The kernels the policy chooses for the models, in effect inside the block
         (FlexAttention's backend on eager CUDA: ``flex_backend``)."""
         return flex.compiled_with(self.flex_backend)
+
+    def place(self, module: M) -> M:
+        """``module`` moved to the policy's device (in place, as ``nn.Module.to``)."""
+        return module.to(self.device)
 
     def training_batches(self, batches: Iterable[Batch]) -> Iterator[Batch]:
         """``batches`` padded to the step's shapes and moved to the device

@@ -11,6 +11,19 @@ import torch
 from pipeline.data.batch import Batch
 
 T = TypeVar("T")
+B = TypeVar("B", bound=Batch)
+
+
+def moved(batch: B, device: torch.device, non_blocking: bool = False) -> B:
+    """``batch`` with every tensor on ``device`` (``non_blocking``: a copy from pinned
+    memory that does not wait for the device)."""
+    return batch.map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
+
+
+def pinned(batch: B) -> B:
+    """``batch`` with every tensor in page-locked host memory (what a ``non_blocking``
+    copy to CUDA needs to overlap the device's work)."""
+    return batch.map_tensors(lambda t: t.pin_memory())
 
 
 def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
@@ -34,13 +47,13 @@ def pairs_to_device(
     """
     if device.type != "cuda":
         for item, batch in pairs:
-            yield item, batch.to(device)
+            yield item, moved(batch, device)
         return
     ahead: tuple[T, Batch] | None = None
     for item, batch in pairs:
-        moved = item, batch.pin_memory().to(device, non_blocking=True)
+        copied = item, moved(pinned(batch), device, non_blocking=True)
         if ahead is not None:
             yield ahead
-        ahead = moved
+        ahead = copied
     if ahead is not None:
         yield ahead

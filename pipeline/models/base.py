@@ -272,7 +272,22 @@ class DecoderState(Protocol):
         ...
 
 
-class Seq2SeqModel(nn.Module):
+class TaskModel(nn.Module):
+    """What every registered model is: a module for one ``task``, built from its
+    ``config``.
+
+    ``supports_compile``: False where torch.compile cannot pay (RNNs, data-dependent
+    recurrences): ``compile: auto`` then trains the model eagerly
+    (``execution.policy.compiles``), and the params check refuses ``compile: on`` for it
+    with the class's ``eager_reason``.
+    """
+
+    task: ClassVar[Task]
+    supports_compile: ClassVar[bool] = True
+    config: ModelConfig
+
+
+class Seq2SeqModel(TaskModel):
     """An encoder-decoder response generator.
 
     Subclasses implement ``encode``, ``decode`` and may override ``init_state`` (to enable
@@ -281,10 +296,6 @@ class Seq2SeqModel(nn.Module):
     """
 
     task = Task.GENERATE
-    # False where torch.compile cannot pay (RNNs, data-dependent recurrences): the
-    # loop's ``compile: auto`` then trains the model eagerly (``train.steps.compiles``).
-    supports_compile: ClassVar[bool] = True
-    config: ModelConfig
 
     def encode(self, batch: GenerateBatch) -> object:
         raise NotImplementedError
@@ -320,14 +331,10 @@ class LatentVariableModel(Protocol):
     def latent_nll(self, batch: GenerateBatch, n_samples: int, seed: int) -> LatentNLL: ...
 
 
-class SelectModel(nn.Module):
+class SelectModel(TaskModel):
     """Scores candidates for a context: ``score(batch) -> [B, N]`` logits."""
 
     task = Task.SELECT
-    # False where torch.compile cannot pay (RNNs, data-dependent recurrences): the
-    # loop's ``compile: auto`` then trains the model eagerly (``train.steps.compiles``).
-    supports_compile: ClassVar[bool] = True
-    config: ModelConfig
 
     def score(self, batch: SelectBatch) -> Tensor:
         raise NotImplementedError
@@ -374,7 +381,7 @@ class TokenScores:
     hidden_mask: Tensor | None = None
 
 
-class LanguageModel(nn.Module):
+class LanguageModel(TaskModel):
     """Scores documents; ``token_nll(batch)`` gives ``[B, S, Ls]`` NLL of each sentence token
     (0 at padding) so flat and hierarchical models are compared on the same tokens.
 
@@ -385,10 +392,6 @@ class LanguageModel(nn.Module):
     """
 
     task = Task.LM
-    # False where torch.compile cannot pay (RNNs, data-dependent recurrences): the
-    # loop's ``compile: auto`` then trains the model eagerly (``train.steps.compiles``).
-    supports_compile: ClassVar[bool] = True
-    config: ModelConfig
     stream_unit: ClassVar[Literal["tokens", "sentences"]] = "tokens"
 
     def token_nll(self, batch: LMBatch) -> Tensor:

@@ -43,7 +43,7 @@ class RowNoise:
     def for_batch(cls, seed: int, batch: GenerateBatch) -> RowNoise:
         """One generator per example of ``batch``, keyed by its history and response."""
         keys = []
-        history, target = batch.history.to("cpu"), batch.target_ids.cpu()
+        history, target = batch.history.cpu(), batch.target_ids.cpu()
         target_mask = batch.target_mask.cpu()
         for i in range(target.shape[0]):
             tokens = torch.cat(

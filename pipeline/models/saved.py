@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from pydantic import ValidationError
 from torch import nn
 
@@ -15,9 +14,10 @@ from pipeline.errors import ConfigError, DataError
 from pipeline.models import registry
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+def load_model(path: str | Path) -> nn.Module:
     """The model exported to ``path``, rebuilt through the registry from its stored name
-    and config, weights loaded, in eval mode on ``device``."""
+    and config, weights loaded, in eval mode on the CPU (an evaluation places it on its
+    device: ``ExecutionPolicy.place``)."""
     saved = SavedModel.read(path)
     try:
         spec = registry.spec(saved.model_name)
@@ -32,4 +32,4 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> nn.Modul
         model.load_state_dict(saved.weights)
     except RuntimeError as err:
         raise DataError(path, f"weights do not fit {saved.model_name} ({err})") from None
-    return model.to(device).eval()
+    return model.eval()

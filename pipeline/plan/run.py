@@ -316,7 +316,7 @@ def _plan(
         tracking=request.tracking,
         root=layout.root,
         storage=storage_path(request.placement, layout.root),
-        data=record.fingerprint() + draws_key(record) + stream_key(record),
+        data=record.fingerprint() + draws_key(record) + stream_key(request.corpus_params.lm),
         code=code_fingerprint(layout.root, stage_code(stage)),
         word_vectors=vectors,
         vectors_bytes=vectors.stat().st_size if vectors is not None else None,

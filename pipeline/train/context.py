@@ -26,6 +26,7 @@ from pipeline.data.batch import Batch
 from pipeline.errors import DataError
 from pipeline.execution import Evaluation
 from pipeline.machine import default_device
+from pipeline.signals import StopRequest
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
 from pipeline.train.run_folder import DiskFolder, run_folder
 
@@ -84,7 +85,8 @@ class WorkerContext(Protocol):
     device: torch.device
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """Move ``model`` to the device (and wrap it for data parallelism)."""
+        """``model`` (on the device already: the policy placed it) as the loop runs it,
+        wrapped for data parallelism where there is more than one rank."""
         ...
 
     def all_reduce(self, values: Tensor) -> Tensor:
@@ -102,6 +104,11 @@ class WorkerContext(Protocol):
 
     def report(self, metrics: dict[str, float], checkpoint: TrainingState | None) -> None:
         """Publish metrics; persist ``checkpoint`` (rank 0's; other ranks pass ``None``)."""
+        ...
+
+    def stop_requested(self) -> int | None:
+        """The signal that asked this run to stop (the loop checkpoints the step it reached
+        and raises), or None."""
         ...
 
 
@@ -160,6 +167,7 @@ class LocalContext:
         remove = "rm -r" if isinstance(self.folder, DiskFolder) else "delete"
         self.restart = restart or f"{remove} {self.folder.where} and run the stage again"
         self._newest_intact = True  # False once the newest checkpoint was passed over
+        self.stop = StopRequest()  # a signal, recorded while ``train_local`` defers it
 
     @property
     def checkpoint_path(self) -> str:
@@ -167,7 +175,7 @@ class LocalContext:
         return self.folder.location(CHECKPOINT_FILE)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        return model.to(self.device)
+        return model
 
     def all_reduce(self, values: Tensor) -> Tensor:
         return values
@@ -193,3 +201,6 @@ class LocalContext:
             self.folder.replace(CHECKPOINT_FILE, PREVIOUS_FILE)
         self.folder.write(CHECKPOINT_FILE, checkpoint)
         self._newest_intact = True
+
+    def stop_requested(self) -> int | None:
+        return self.stop.signum

@@ -47,7 +47,11 @@ class RayContext:
     def wrap_model(self, model: nn.Module) -> nn.Module:
         import ray.train.torch
 
-        return ray.train.torch.prepare_model(model)
+        # the policy placed the model already: Ray wraps it in DDP (more than one rank)
+        return ray.train.torch.prepare_model(model, move_to_device=False)
+
+    def stop_requested(self) -> int | None:
+        return None  # Ray stops its workers, and restarts them from Ray's checkpoints
 
     def all_reduce(self, values: Tensor) -> Tensor:
         if self.world_size > 1:

@@ -17,7 +17,7 @@ from pipeline.config import RunParams, Selection
 from pipeline.data.batch import Batch
 from pipeline.data.loader import BatchLoader, open_split
 from pipeline.data.splits import Split
-from pipeline.data.streams import Unit
+from pipeline.data.streams import LMFeed
 from pipeline.errors import ConfigError
 from pipeline.eval.validation_score import MultiWozValidationScore, RankingValidationScore
 from pipeline.models import registry
@@ -90,10 +90,9 @@ class ShardData:
     ``batch_size`` is global (examples per optimizer step over all ranks); each rank takes
     ``batch_size // world_size`` (the params check requires that it divides). With
     ``batch_tokens`` (global too) the training batches are planned by tokens instead, each
-    rank's batch within ``batch_tokens // world_size`` padded tokens. ``stream_unit``: a
-    language model's, which reads its splits as the corpus's ``lm`` params say (stream
-    segments, streamed validation: ``data.streams``); a batch is then ``batch_size``
-    windows.
+    rank's batch within ``batch_tokens // world_size`` padded tokens. ``feed``: how a
+    language model reads its splits (its unit, the run's ``lm`` params: stream segments,
+    streamed validation, ``data.streams``); a batch is then ``batch_size`` windows.
     """
 
     root: str
@@ -102,7 +101,7 @@ class ShardData:
     eval_batch_size: int
     seed: int
     batch_tokens: int | None = None
-    stream_unit: Unit | None = None
+    feed: LMFeed | None = None
 
     def __call__(self, rank: int, world_size: int) -> tuple[ShardBatches, ShardBatches]:
         if self.batch_size % world_size:
@@ -113,7 +112,7 @@ class ShardData:
             if tokens < 1:
                 raise ValueError(f"batch_tokens {self.batch_tokens} is < {world_size} workers")
         train = BatchLoader(
-            open_split(self.root, self.task, Split.TRAIN, self.stream_unit),
+            open_split(self.root, self.task, Split.TRAIN, self.feed),
             self.batch_size // world_size,
             seed=self.seed,
             rank=rank,
@@ -127,7 +126,7 @@ class ShardData:
         in file order grouped by length."""
         return ShardBatches(
             BatchLoader(
-                open_split(self.root, self.task, Split.VALID, self.stream_unit),
+                open_split(self.root, self.task, Split.VALID, self.feed),
                 max(1, batch_size // world_size),
                 shuffle=False,
                 seed=self.seed,
@@ -141,6 +140,7 @@ def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
     """The plan's data factory (``knobs``: a trial's, when they differ from the plan's)."""
     knobs = knobs or plan.knobs
     builder = registry.spec(plan.model).builder
+    unit = getattr(builder, "stream_unit", None) if plan.task is Task.LM else None
     return ShardData(
         root=str(plan.shards),
         task=plan.task,
@@ -148,7 +148,7 @@ def shard_data(plan: RunPlan, knobs: RunParams | None = None) -> ShardData:
         eval_batch_size=knobs.validation_batch_size,
         seed=knobs.seed,
         batch_tokens=knobs.batch_tokens,
-        stream_unit=getattr(builder, "stream_unit", None) if plan.task is Task.LM else None,
+        feed=None if unit is None else LMFeed(unit, plan.corpus_params.lm),
     )
 
 

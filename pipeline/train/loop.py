@@ -29,7 +29,10 @@ read back at ``log_every`` for the metrics, so it adds no host sync to a step.
 
 Determinism: worker ``r`` seeds ``seed + r``; a checkpoint holds every rank's RNG state and
 the number of batches of the epoch already consumed, so a run resumed from any checkpoint
-makes exactly the updates the uninterrupted run made.
+makes exactly the updates the uninterrupted run made. In-process (``train_local``), a stop
+signal (Ctrl-C, SIGTERM, SIGHUP; ``make repro`` relays each to its stages) lets the step
+running finish, checkpoints it and raises ``signals.Interrupted``: the stage run again
+resumes from that step, not from its last periodic checkpoint.
 
 Divergence stops the run: a non-finite training loss (seen where the loop reads the
 device anyway), validation loss or checkpointed weight raises ``TrainingDiverged`` naming
@@ -58,6 +61,7 @@ from pipeline.execution import Evaluation, ExecutionPolicy
 from pipeline.models.base import LossOutput
 from pipeline.names import Task
 from pipeline.progress import Mode, Reporter
+from pipeline.signals import Interrupted
 from pipeline.tracking import NullTracker
 from pipeline.train.averaging import WeightAverage
 from pipeline.train.checkpoint import Progress, TrainingState, cpu_state, final_metrics
@@ -111,24 +115,48 @@ class TrainJob:
     knob_sources: dict[str, str] = field(default_factory=dict)  # knob -> its params key
 
 
-@dataclass
-class EvalResult:
-    loss: float
-    n_tokens: int
-    scores: dict[str, float] = field(default_factory=dict)  # a ValidationScore's
+# --------------------------------------------------------------------------- entry points
 
-    def metrics(self, task: Task) -> dict[str, float]:
-        out = {"valid_loss": self.loss, **self.scores}
-        if task != Task.SELECT:
-            out["valid_ppl"] = perplexity_of(self.loss)
-        return out
+
+def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, float]:
+    """Run ``job`` in this process (``train.scale.num_workers: 0``)."""
+    ctx = _local_context(job, device)
+    with ctx.stop.deferred():  # a signal stops the run after a step, checkpointed
+        return train_worker(job, ctx)
+
+
+def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:
+    """Train (or resume) ``job`` on this worker; returns the final metrics."""
+    return _Run(job, ctx).run()
+
+
+@dataclass(frozen=True)
+class LoopStep:
+    """For benchmarks (``bench/steps.py``): a job's model, ``prepare`` (a batch as the loop
+    hands it to its steps: padded, on the device) and ``step`` (the loop's own step on it)."""
+
+    model: nn.Module
+    prepare: Callable[[Batch], Batch]
+    step: Callable[[Batch], None]
+
+
+def loop_step(job: TrainJob, device: torch.device | None = None) -> LoopStep:
+    """``job``'s :class:`LoopStep` in this process, built as :func:`train_local` builds it
+    (no checkpoint is read or written)."""
+    run = _Run(job, _local_context(job, device))
+    return LoopStep(run.raw, lambda b: next(run.policy.training_batches([b])), run.train_step)
+
+
+def _local_context(job: TrainJob, device: torch.device | None) -> LocalContext:
+    """The in-process worker's context: its checkpoints in the job's run folder."""
+    return LocalContext(run_path(job.run_dir, job.name), device, job.restart)
 
 
 # --------------------------------------------------------------------------- the loop
 
 
 class _Run:
-    """The state of one worker's run; :func:`train_worker` drives it."""
+    """The state of one worker's run; :func:`train_worker` drives it (:meth:`run`)."""
 
     def __init__(self, job: TrainJob, ctx: WorkerContext) -> None:
         self.job, self.ctx, self.p = job, ctx, job.params
@@ -146,14 +174,14 @@ class _Run:
         )
         loss = LossModule(self.raw)
         self.policy.compile_module(loss)
-        self.model = ctx.wrap_model(loss)
+        self.model = ctx.wrap_model(self.policy.place(loss))
         self.optimizer = make_optimizer(self.raw, self.p.optimizer, self.policy.fused_optimizer)
-        scored = self.p.select_by.higher_is_better
-        if scored and job.validation_score is None:
+        self.selection = Selector.of(self.p)
+        if self.selection.reads_score and job.validation_score is None:
             raise ValueError(f"select_by={self.p.select_by}: the job has no validation_score")
         self.train_data, valid_data = job.data(ctx.rank, ctx.world_size)
         self.validation = self.evaluation()  # the loss's batch sizing; the score's below
-        self.scoring = self.evaluation() if scored else None
+        self.scoring = self.evaluation() if self.selection.reads_score else None
         self._valid = (self.p.validation_batch_size, valid_data)  # (its batch size, batches)
         avg = self.p.averaging
         self.averager = WeightAverage(avg, self.p.epochs, self.raw)
@@ -172,76 +200,122 @@ class _Run:
         self.bar = Reporter(job.label or f"train {job.name}", show=False)  # run() replaces it
         self._loss_info = ""  # the last logged train loss, as progress shows it
 
-    # ----------------------------------------------------------------- checkpoints
+    # ----------------------------------------------------------------- the run, epoch by epoch
 
-    def restore(self, state: TrainingState) -> None:
-        self.raw.load_state_dict(state.model)
-        self.optimizer.load_state_dict(state.optimizer)
-        self.scheduler.load_state_dict(state.scheduler)
-        self.progress = state.position
-        self.best_state = state.best_model
-        self.averager.load(state.average, state.average_count)
-        self.last_eval = dict(state.metrics)
-        if len(state.rng) != self.ctx.world_size:
-            raise RuntimeError(
-                f"checkpoint was written by {len(state.rng)} workers, this run has "
-                f"{self.ctx.world_size}: resume with the same train.scale.num_workers"
-            )
-        set_rng_state(state.rng[self.ctx.rank])
-
-    def checkpoint_state(self) -> TrainingState | None:
-        """The checkpoint on rank 0 (collective: every rank must call it); a diverged run
-        raises instead of saving non-finite weights."""
-        rngs = self.ctx.gather(rng_state())
-        if self.ctx.rank != 0:
-            return None
-        weights = self.raw.state_dict()
-        bad = next((k for k, v in weights.items() if not torch.isfinite(v).all()), None)
-        if bad is not None:
-            self.diverged(f"weight {bad} is not finite")
-        config = getattr(self.raw, "config", None)
-        return TrainingState(
-            model_name=self.job.model_name,
-            model_config=config.model_dump(mode="json") if config is not None else {},
-            task=self.task.value,
-            model=weights,
-            best_model=self.best_state,
-            optimizer=self.optimizer.state_dict(),
-            scheduler=self.scheduler.state_dict(),
-            progress=self.progress.to_dict(),
-            rng=rngs,
-            metrics=dict(self.last_eval),
-            seed=self.p.seed,
-            average=self.averager.state(self.raw),
-            average_count=self.averager.count,
+    def run(self) -> dict[str, float]:
+        """Resume from the newest checkpoint (if any), train epoch by epoch until the run
+        stops, and return its final metrics."""
+        state = self.ctx.latest_checkpoint()
+        if state is not None:
+            self.restore(state)
+        prog = self.progress
+        self.bar = Reporter(
+            self.bar.label,
+            self.planned_steps(),
+            done=prog.step,
+            show=self.job.show_progress and self.ctx.rank == 0,
         )
+        with self.bar:
+            # the rules that need the step count: a refusal before the first step, or notes
+            batches, sources = len(self.train_data), self.job.knob_sources
+            for note in planned_step_notes(self.p, batches, sources, self.bar.label):
+                self.bar.note(note)
+            if state is not None:  # a resumed stage, or Ray Train restarting a lost worker group
+                self.bar.note(f"resumed from the checkpoint of step {prog.step}")
+            while not prog.finished:
+                self.run_epoch()
+            self.finish()
+        return final_metrics(self.progress, self.task)
 
-    def diverged(self, what: str) -> None:
-        """Stop the run: ``what`` went non-finite at the current step."""
-        p = self.p
-        raise TrainingDiverged(
-            f"{self.job.label or self.job.name} diverged at step {self.progress.step}: {what}; "
-            f"look at its optimizer.lr ({p.optimizer.lr:g}), schedule "
-            f"({p.schedule.kind.value}, warm-up {p.schedule.warmup_steps}), clip_norm "
-            f"({p.clip_norm}) and precision ({p.precision.value}) under train.defaults, "
-            "train.models.<model> or the run's overrides"
+    def run_epoch(self) -> None:
+        p, prog = self.p, self.progress
+        if self.averager.due(prog.epoch):
+            self.begin_averaging()
+        self.train_data.set_epoch(prog.epoch)
+        n_batches = len(self.train_data)
+        if p.max_batches_per_epoch is not None:
+            n_batches = min(n_batches, p.max_batches_per_epoch)
+        if n_batches == 0:
+            raise RuntimeError("the training split yields no batches on this rank")
+        # Cut the epoch at the source so that the prefetcher collates no batch past its end.
+        todo = itertools.islice(
+            self.train_data.iter_from(prog.batch_in_epoch),
+            max(n_batches - prog.batch_in_epoch, 0),
         )
+        self._show_info()
+        for batch in self.policy.training_batches(todo):
+            self.train_step(batch)
+            self.bar.advance(1)
+            self.after_step()
+            if prog.finished:
+                return
+        self.after_epoch()
 
-    def check_finite(self) -> None:
-        """Raise if any training loss since the last check was not finite (reads the
-        device: called where the loop reads it anyway)."""
-        if self._nonfinite is not None and bool(self.ctx.all_reduce(self._nonfinite.clone())):
-            self.diverged("the training loss is not finite")
+    # What follows a step and an epoch: the one place that decides when the run evaluates,
+    # stops, and publishes its metrics (with a checkpoint or without).
 
-    def publish(self, with_checkpoint: bool) -> None:
-        metrics = {
-            "step": float(self.progress.step),
-            "epoch": float(self.progress.epoch),
-            **self.last_eval,
-        }
-        self.check_finite()
-        state = self.checkpoint_state() if with_checkpoint else None
-        self.ctx.report(metrics, state)
+    def after_step(self) -> None:
+        """Evaluate every ``eval_every`` steps, stop at ``max_steps`` (or when selection
+        stopped the run early), checkpoint every ``checkpoint_every`` steps, and on a stop
+        signal checkpoint the step reached and raise: the stage resumes there."""
+        p, prog = self.p, self.progress
+        if p.eval_every is not None and prog.step % p.eval_every == 0:
+            self.validate()
+            if not prog.finished:
+                self.publish(with_checkpoint=False)
+        if p.max_steps is not None and prog.step >= p.max_steps:
+            self.stop("max_steps")
+        if prog.finished:
+            return  # the run's end publishes the last checkpoint
+        due = p.checkpoint_every is not None and prog.step % p.checkpoint_every == 0
+        signum = self.ctx.stop_requested()
+        if due or signum is not None:
+            self.publish(with_checkpoint=True)
+        if signum is not None:
+            self.bar.note(f"stopped at step {prog.step}: its checkpoint resumes the run")
+            raise Interrupted(signum)
+
+    def after_epoch(self) -> None:
+        """Evaluate the epoch's last weights (unless a step just did), stop after
+        ``epochs``, and checkpoint the epoch."""
+        prog = self.progress
+        prog.epoch += 1
+        prog.batch_in_epoch = 0
+        self.evaluate_if_new()
+        if prog.epoch >= self.p.epochs:
+            self.stop("epochs")
+        if not prog.finished:
+            self.publish(with_checkpoint=True)
+
+    def finish(self) -> None:
+        """A run that stopped mid-epoch evaluates its final weights; the last report
+        carries the final checkpoint."""
+        self.evaluate_if_new()
+        self.publish(with_checkpoint=True)
+        if self.progress.stop_reason == "early_stopping":
+            self.bar.note(f"stopped early: no improvement in {self.p.patience} evaluations")
+
+    def planned_steps(self, epochs: int | None = None) -> int:
+        """The steps of the run's first ``epochs`` (default: all) unless it stops early
+        (the progress total; the cosine's decay by default). Batches by tokens vary a
+        little in number from epoch to epoch: the first epoch's count stands for each."""
+        per_epoch = len(self.train_data)
+        if self.p.max_batches_per_epoch is not None:
+            per_epoch = min(per_epoch, self.p.max_batches_per_epoch)
+        total = (self.p.epochs if epochs is None else epochs) * per_epoch
+        return min(total, self.p.max_steps) if self.p.max_steps is not None else total
+
+    def begin_averaging(self) -> None:
+        """Averaging starts from the current weights, at ``lr_factor`` times the current
+        learning rate (the optimizer's state, so a checkpoint keeps it)."""
+        self.averager.begin()
+        for group in self.optimizer.param_groups:
+            group["lr"] *= self.p.averaging.lr_factor
+        self.bar.note(f"step {self.progress.step}: averaging the weights from here on")
+
+    def _show_info(self) -> None:
+        epoch = f"epoch {self.progress.epoch + 1}/{self.p.epochs}" if self.p.epochs > 1 else ""
+        self.bar.update(info=", ".join(part for part in (epoch, self._loss_info) if part))
 
     # ----------------------------------------------------------------- steps
 
@@ -295,6 +369,18 @@ class _Run:
             self.scheduler.step()
         return out, grad_norm, lr
 
+    # ----------------------------------------------------------------- validation and selection
+
+    def validate(self) -> None:
+        """Evaluate the weights the run would keep now (the average, while averaging),
+        and select on the result."""
+        with self.averager.applied():
+            self.after_eval(self.evaluate())
+
+    def evaluate_if_new(self) -> None:
+        if self.progress.last_eval_step != self.progress.step:
+            self.validate()
+
     @torch.no_grad()
     def evaluate(self) -> EvalResult:
         self.raw.eval()
@@ -302,12 +388,40 @@ class _Run:
         n = int(totals[1].item())
         loss = float(totals[0] / totals[1]) if n > 0 else math.inf
         scorer = self.job.validation_score
-        if scorer is None or not self.p.select_by.higher_is_better:
+        if self.scoring is None or scorer is None:  # the run selects on the loss
             return EvalResult(loss, n)
-        assert self.scoring is not None
         mine = scorer.decode(self.raw, self.ctx.rank, self.ctx.world_size, self.scoring)
         outputs = [row for part in self.ctx.gather(mine) for row in part]
         return EvalResult(loss, n, scorer.score(outputs))
+
+    def after_eval(self, result: EvalResult) -> None:
+        """Select on ``result`` (keep the weights where it improves, count patience
+        otherwise), show and log it."""
+        self.check_finite()
+        if not math.isfinite(result.loss) and result.n_tokens > 0:
+            self.diverged(f"the validation loss is {result.loss}")
+        prog, selection = self.progress, self.selection
+        prog.last_eval_step = prog.step
+        self.last_eval = result.metrics(self.task)
+        value, best_value = self.last_eval[selection.metric], selection.best(prog)
+        improved = selection.improves(value, best_value)
+        if improved:
+            selection.keep(prog, result.loss, value)
+            if self.ctx.rank == 0:
+                self.best_state = cpu_state(self.raw.state_dict())
+        else:
+            prog.bad_evals += 1
+        shown = selection.shown(result.loss, value)
+        best = "best" if improved else f"best {best_value:.4g} at step {prog.best_step}"
+        self.bar.note(f"step {prog.step}, {shown} ({best})")
+        self.last_eval |= selection.best_metrics(prog)
+        self.sink.log_metrics({**self.last_eval, "epoch": float(prog.epoch)}, prog.step)
+        if self.p.patience is not None and prog.bad_evals >= self.p.patience:
+            self.stop("early_stopping")
+
+    def stop(self, reason: str) -> None:
+        self.progress.finished = True
+        self.progress.stop_reason = self.progress.stop_reason or reason
 
     def evaluation(self) -> Evaluation:
         """A validation's batch sizing: the params' size and limit, the largest size that
@@ -339,164 +453,136 @@ class _Run:
             totals[1] += out.n_tokens.double()
         return totals
 
-    def validate(self) -> None:
-        """Evaluate the weights the run would keep now (the average, while averaging),
-        and select on the result."""
-        with self.averager.applied():
-            self.after_eval(self.evaluate())
+    # ----------------------------------------------------------------- checkpoints
 
-    def after_eval(self, result: EvalResult) -> None:
+    def publish(self, with_checkpoint: bool) -> None:
+        metrics = {
+            "step": float(self.progress.step),
+            "epoch": float(self.progress.epoch),
+            **self.last_eval,
+        }
         self.check_finite()
-        if not math.isfinite(result.loss) and result.n_tokens > 0:
-            self.diverged(f"the validation loss is {result.loss}")
-        prog, select = self.progress, self.p.select_by
-        prog.last_eval_step = prog.step
-        self.last_eval = result.metrics(self.task)
-        if select.higher_is_better:
-            score = self.last_eval[select.metric]
-            improved = score > prog.best_score + self.p.min_delta
-            shown = f"valid loss {result.loss:.4g}, {select.metric} {score:.4g}"
-            best_value = prog.best_score
-        else:
-            improved = result.loss < prog.best_loss - self.p.min_delta
-            shown = f"valid loss {result.loss:.4g}"
-            best_value = prog.best_loss
-        if improved:
-            prog.best_loss, prog.best_step, prog.bad_evals = result.loss, prog.step, 0
-            if select.higher_is_better:
-                prog.best_score = score
-            if self.ctx.rank == 0:
-                self.best_state = cpu_state(self.raw.state_dict())
-        else:
-            prog.bad_evals += 1
-        best = "best" if improved else f"best {best_value:.4g} at step {prog.best_step}"
-        self.bar.note(f"step {prog.step}, {shown} ({best})")
-        self.last_eval["best_valid_loss"] = prog.best_loss
-        if select.higher_is_better:
-            self.last_eval[f"best_{select.metric}"] = prog.best_score
-        self.sink.log_metrics({**self.last_eval, "epoch": float(prog.epoch)}, prog.step)
-        if self.p.patience is not None and prog.bad_evals >= self.p.patience:
-            self.stop("early_stopping")
+        state = self.checkpoint_state() if with_checkpoint else None
+        self.ctx.report(metrics, state)
 
-    def stop(self, reason: str) -> None:
-        self.progress.finished = True
-        self.progress.stop_reason = self.progress.stop_reason or reason
+    def check_finite(self) -> None:
+        """Raise if any training loss since the last check was not finite (reads the
+        device: called where the loop reads it anyway)."""
+        if self._nonfinite is not None and bool(self.ctx.all_reduce(self._nonfinite.clone())):
+            self.diverged("the training loss is not finite")
 
-    def evaluate_if_new(self) -> None:
-        if self.progress.last_eval_step != self.progress.step:
-            self.validate()
-
-    # ----------------------------------------------------------------- epochs
-
-    def begin_averaging(self) -> None:
-        """Averaging starts from the current weights, at ``lr_factor`` times the current
-        learning rate (the optimizer's state, so a checkpoint keeps it)."""
-        self.averager.begin()
-        for group in self.optimizer.param_groups:
-            group["lr"] *= self.p.averaging.lr_factor
-        self.bar.note(f"step {self.progress.step}: averaging the weights from here on")
-
-    def run_epoch(self) -> None:
-        p, prog = self.p, self.progress
-        if self.averager.due(prog.epoch):
-            self.begin_averaging()
-        self.train_data.set_epoch(prog.epoch)
-        n_batches = len(self.train_data)
-        if p.max_batches_per_epoch is not None:
-            n_batches = min(n_batches, p.max_batches_per_epoch)
-        if n_batches == 0:
-            raise RuntimeError("the training split yields no batches on this rank")
-        # Cut the epoch at the source so that the prefetcher collates no batch past its end.
-        todo = itertools.islice(
-            self.train_data.iter_from(prog.batch_in_epoch),
-            max(n_batches - prog.batch_in_epoch, 0),
+    def diverged(self, what: str) -> None:
+        """Stop the run: ``what`` went non-finite at the current step."""
+        p = self.p
+        raise TrainingDiverged(
+            f"{self.job.label or self.job.name} diverged at step {self.progress.step}: {what}; "
+            f"look at its optimizer.lr ({p.optimizer.lr:g}), schedule "
+            f"({p.schedule.kind.value}, warm-up {p.schedule.warmup_steps}), clip_norm "
+            f"({p.clip_norm}) and precision ({p.precision.value}) under train.defaults, "
+            "train.models.<model> or the run's overrides"
         )
-        self._show_info()
-        for batch in self.policy.training_batches(todo):
-            self.train_step(batch)
-            self.bar.advance(1)
-            if p.eval_every is not None and prog.step % p.eval_every == 0:
-                self.validate()
-                if not prog.finished:
-                    self.publish(with_checkpoint=False)
-            if p.max_steps is not None and prog.step >= p.max_steps:
-                self.stop("max_steps")
-            if prog.finished:
-                return
-            if p.checkpoint_every is not None and prog.step % p.checkpoint_every == 0:
-                self.publish(with_checkpoint=True)
-        prog.epoch += 1
-        prog.batch_in_epoch = 0
-        self.evaluate_if_new()
-        if prog.epoch >= p.epochs:
-            self.stop("epochs")
-        if not prog.finished:
-            self.publish(with_checkpoint=True)
 
-    def _show_info(self) -> None:
-        epoch = f"epoch {self.progress.epoch + 1}/{self.p.epochs}" if self.p.epochs > 1 else ""
-        self.bar.update(info=", ".join(part for part in (epoch, self._loss_info) if part))
+    def restore(self, state: TrainingState) -> None:
+        self.raw.load_state_dict(state.model)
+        self.optimizer.load_state_dict(state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        self.progress = state.position
+        self.best_state = state.best_model
+        self.averager.load(state.average, state.average_count)
+        self.last_eval = dict(state.metrics)
+        if len(state.rng) != self.ctx.world_size:
+            raise RuntimeError(
+                f"checkpoint was written by {len(state.rng)} workers, this run has "
+                f"{self.ctx.world_size}: resume with the same train.scale.num_workers"
+            )
+        set_rng_state(state.rng[self.ctx.rank])
 
-    def planned_steps(self, epochs: int | None = None) -> int:
-        """The steps of the run's first ``epochs`` (default: all) unless it stops early
-        (the progress total; the cosine's decay by default). Batches by tokens vary a
-        little in number from epoch to epoch: the first epoch's count stands for each."""
-        per_epoch = len(self.train_data)
-        if self.p.max_batches_per_epoch is not None:
-            per_epoch = min(per_epoch, self.p.max_batches_per_epoch)
-        total = (self.p.epochs if epochs is None else epochs) * per_epoch
-        return min(total, self.p.max_steps) if self.p.max_steps is not None else total
-
-    def run(self) -> dict[str, float]:
-        state = self.ctx.latest_checkpoint()
-        if state is not None:
-            self.restore(state)
-        prog = self.progress
-        self.bar = Reporter(
-            self.bar.label,
-            self.planned_steps(),
-            done=prog.step,
-            show=self.job.show_progress and self.ctx.rank == 0,
+    def checkpoint_state(self) -> TrainingState | None:
+        """The checkpoint on rank 0 (collective: every rank must call it); a diverged run
+        raises instead of saving non-finite weights."""
+        rngs = self.ctx.gather(rng_state())
+        if self.ctx.rank != 0:
+            return None
+        weights = self.raw.state_dict()
+        bad = next((k for k, v in weights.items() if not torch.isfinite(v).all()), None)
+        if bad is not None:
+            self.diverged(f"weight {bad} is not finite")
+        config = getattr(self.raw, "config", None)
+        return TrainingState(
+            model_name=self.job.model_name,
+            model_config=config.model_dump(mode="json") if config is not None else {},
+            task=self.task.value,
+            model=weights,
+            best_model=self.best_state,
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            progress=self.progress.to_dict(),
+            rng=rngs,
+            metrics=dict(self.last_eval),
+            seed=self.p.seed,
+            average=self.averager.state(self.raw),
+            average_count=self.averager.count,
         )
-        with self.bar:
-            # the rules that need the step count: a refusal before the first step, or notes
-            batches, sources = len(self.train_data), self.job.knob_sources
-            for note in planned_step_notes(self.p, batches, sources, self.bar.label):
-                self.bar.note(note)
-            if state is not None:  # a resumed stage, or Ray Train restarting a lost worker group
-                self.bar.note(f"resumed from the checkpoint of step {prog.step}")
-            while not prog.finished:
-                self.run_epoch()
-            # A run that stopped mid-epoch evaluates its final weights before the last report.
-            self.evaluate_if_new()
-            self.publish(with_checkpoint=True)
-            if prog.stop_reason == "early_stopping":
-                self.bar.note(f"stopped early: no improvement in {self.p.patience} evaluations")
-        return final_metrics(self.progress, self.task)
 
 
-def train_worker(job: TrainJob, ctx: WorkerContext) -> dict[str, float]:
-    """Train (or resume) ``job`` on this worker; returns the final metrics."""
-    return _Run(job, ctx).run()
+# --------------------------------------------------------------------------- evaluations
 
 
-def train_local(job: TrainJob, device: torch.device | None = None) -> dict[str, float]:
-    """Run ``job`` in this process (``train.scale.num_workers: 0``)."""
-    return train_worker(job, LocalContext(run_path(job.run_dir, job.name), device, job.restart))
+@dataclass
+class EvalResult:
+    """One validation: the loss, a mean over its ``n_tokens`` scored tokens (summed over
+    every rank), and the ``ValidationScore``'s values where the run selects on one."""
+
+    loss: float
+    n_tokens: int
+    scores: dict[str, float] = field(default_factory=dict)  # a ValidationScore's
+
+    def metrics(self, task: Task) -> dict[str, float]:
+        out = {"valid_loss": self.loss, **self.scores}
+        if task != Task.SELECT:
+            out["valid_ppl"] = perplexity_of(self.loss)
+        return out
 
 
 @dataclass(frozen=True)
-class LoopStep:
-    """For benchmarks (``bench/steps.py``): a job's model, ``prepare`` (a batch as the loop
-    hands it to its steps: padded, on the device) and ``step`` (the loop's own step on it)."""
+class Selector:
+    """What keeps a run's weights (``RunParams.select_by``): the validation loss, lowest
+    best, or a validation score (``ValidationScore``), highest best; an evaluation improves
+    on the best by more than ``min_delta``. The kept evaluation's loss is always recorded
+    (``Progress.best_loss``), and its score where the run selects on one."""
 
-    model: nn.Module
-    prepare: Callable[[Batch], Batch]
-    step: Callable[[Batch], None]
+    metric: str  # as ``EvalResult.metrics`` names it
+    reads_score: bool  # True: a score, higher is better; False: the loss, lower is better
+    min_delta: float
 
+    @classmethod
+    def of(cls, params: RunParams) -> Selector:
+        select = params.select_by
+        return cls(select.metric, select.higher_is_better, params.min_delta)
 
-def loop_step(job: TrainJob, device: torch.device | None = None) -> LoopStep:
-    """``job``'s :class:`LoopStep` in this process, built as :func:`train_local` builds it
-    (no checkpoint is read or written)."""
-    run = _Run(job, LocalContext(run_path(job.run_dir, job.name), device, job.restart))
-    return LoopStep(run.raw, lambda b: next(run.policy.training_batches([b])), run.train_step)
+    def best(self, progress: Progress) -> float:
+        return progress.best_score if self.reads_score else progress.best_loss
+
+    def improves(self, value: float, best: float) -> bool:
+        if self.reads_score:
+            return value > best + self.min_delta
+        return value < best - self.min_delta
+
+    def keep(self, progress: Progress, loss: float, value: float) -> None:
+        """Record the evaluation at ``progress.step`` (its ``loss``; its ``value`` of the
+        metric) as the best, patience reset."""
+        progress.best_loss, progress.best_step, progress.bad_evals = loss, progress.step, 0
+        if self.reads_score:
+            progress.best_score = value
+
+    def shown(self, loss: float, value: float) -> str:
+        """An evaluation as the progress note shows it."""
+        score = f", {self.metric} {value:.4g}" if self.reads_score else ""
+        return f"valid loss {loss:.4g}{score}"
+
+    def best_metrics(self, progress: Progress) -> dict[str, float]:
+        """The best evaluation's metrics, logged with each evaluation."""
+        best = {"best_valid_loss": progress.best_loss}
+        if self.reads_score:
+            best[f"best_{self.metric}"] = progress.best_score
+        return best

@@ -78,10 +78,13 @@ class TuneContext:
         self.device = default_device()
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model.to(self.device)
+        return model
 
     def all_reduce(self, values: torch.Tensor) -> torch.Tensor:
         return values
+
+    def stop_requested(self) -> int | None:
+        return None  # Ray Tune stops its trials, and resumes them from its checkpoints
 
     def gather(self, value: Any) -> list[Any]:
         return [value]

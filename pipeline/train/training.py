@@ -8,7 +8,8 @@ whether it starts fresh or resumes (from which step, and why), trains (in-proces
 Ray Train), exports, and records the run in MLflow: params, metrics, the vocabulary, the
 checkpoint, samples, and the registered pyfunc. A seed whose knobs a rule that needs the
 step count refuses (``run_checks``) is refused before its MLflow run opens; a run that
-diverges, or fails otherwise, ends its MLflow run FAILED and exports nothing.
+diverges, or fails otherwise, ends its MLflow run FAILED and exports nothing; one a stop
+signal ends (``signals``: it resumes from its checkpoint) ends it KILLED.
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def train_plan(plan: RunPlan, show_progress: bool = True) -> TrainedSeed:
         if tracker.recording:
             mlflow = track_final(plan, tracker, plan.model_file, result)  # type: ignore[arg-type]
         tracker.end()
-    except BaseException:
-        tracker.end("FAILED")
+    except BaseException as err:
+        # stopped by a signal, the run resumes from its checkpoint; else it failed
+        tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         if exported:  # a failure after the export: no model.pt that looks like a result
             plan.model_file.unlink(missing_ok=True)
         raise

@@ -1,26 +1,12 @@
-"""Batches move and pin every tensor they hold, nested histories included."""
+"""A batch maps every tensor it holds, nested histories included, and keeps the rest."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 
 from pipeline.data.batch import History
-from tests.batches import chitchat_select_batch, random_generate_batch
-
-
-def tensors(batch: object) -> list[torch.Tensor]:
-    out = []
-    for f in dataclasses.fields(batch):  # type: ignore[arg-type]
-        value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor):
-            out.append(value)
-        elif isinstance(value, History):
-            out.extend(tensors(value))
-    return out
-
+from tests.batches import chitchat_select_batch, random_generate_batch, tensors
 
 BATCHES = {
     "generate": lambda: random_generate_batch(3, 40, n_acts=4),
@@ -29,25 +15,17 @@ BATCHES = {
 
 
 @pytest.mark.parametrize("kind", BATCHES)
-def test_to_moves_nested_history_and_keeps_other_fields(kind: str) -> None:
+def test_map_tensors_maps_the_nested_history_too_and_keeps_other_fields(kind: str) -> None:
     batch = BATCHES[kind]()
-    moved = batch.to("meta")
-    assert type(moved) is type(batch)
-    assert len(tensors(moved)) == len(tensors(batch)) > len(tensors(batch.history))
-    assert all(t.device.type == "meta" for t in tensors(moved))
-    assert moved.dialogue_id == batch.dialogue_id
+    seen: list[torch.Tensor] = []
 
+    def doubled(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t)
+        return t * 2
 
-@pytest.mark.parametrize("kind", BATCHES)
-def test_pin_memory_pins_every_tensor(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    pinned: list[torch.Tensor] = []
-
-    def pin(t: torch.Tensor) -> torch.Tensor:  # no accelerator here: record the call
-        pinned.append(t)
-        return t.clone()
-
-    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
-    batch = BATCHES[kind]()
-    out = batch.pin_memory()
-    assert {id(t) for t in pinned} == {id(t) for t in tensors(batch)}
-    assert all(torch.equal(a, b) for a, b in zip(tensors(out), tensors(batch), strict=True))
+    mapped = batch.map_tensors(doubled)
+    assert type(mapped) is type(batch) and type(mapped.history) is History
+    assert [id(t) for t in seen] == [id(t) for t in tensors(batch)]
+    assert len(seen) > len(tensors(batch.history)) > 0
+    assert all(torch.equal(a, b * 2) for a, b in zip(tensors(mapped), tensors(batch), strict=True))
+    assert mapped.dialogue_id == batch.dialogue_id

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import EvaluateParams, RunParams, TokenizeParams
+from pipeline.config import EvaluateParams, LMParams, RunParams, TokenizeParams
 from pipeline.data.loader import BatchLoader, ExampleDataset, open_split
 from pipeline.data.records import LMExample
 from pipeline.data.shards import read_manifest
 from pipeline.data.streams import (
+    LMFeed,
     SegmentRule,
     StreamExamples,
     TextStream,
@@ -28,9 +29,9 @@ from pipeline.eval.language import LMEvaluator
 from pipeline.execution import ExecutionPolicy
 from pipeline.models import registry
 from pipeline.names import Task
-from pipeline.plan import RunRequest, checked, plan_training
+from pipeline.plan import RunPlan, RunRequest, checked, plan_training
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
-from pipeline.train.job import ConfiguredModel, ShardBatches, ShardData
+from pipeline.train.job import ConfiguredModel, ShardBatches, ShardData, shard_data
 from pipeline.train.loop import TrainJob, train_local
 
 LM = {"tasks": ["lm"], "max_dialogues": 30, "vocab": {"size": 200}}
@@ -54,6 +55,12 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             base / "stream", layout="stream", stream=stream, validation=STREAM_VALIDATION
         ),
     }
+
+
+def feed(folder: Path, unit: str = "tokens") -> LMFeed:
+    """A language model of ``unit`` reading ``folder`` as the params it was tokenized with
+    say."""
+    return LMFeed(unit, read_manifest(folder).params.corpus.lm)  # type: ignore[arg-type,union-attr]
 
 
 def scored_text(examples: list[LMExample]) -> list[int]:
@@ -124,7 +131,7 @@ def test_the_table_is_read_as_its_documents_in_order(folders: dict[str, Path]) -
 def test_an_epoch_scores_every_training_token_exactly_once(
     folders: dict[str, Path], unit: str
 ) -> None:
-    dataset = open_split(folders["stream"], Task.LM, "train", unit)  # type: ignore[arg-type]
+    dataset = open_split(folders["stream"], Task.LM, "train", feed(folders["stream"], unit))
     text = TextStream.of_table(dataset.table).tokens.tolist()
     loader = BatchLoader(dataset, 4, seed=2)
     for epoch in (0, 1):
@@ -148,7 +155,7 @@ def test_same_seed_and_epoch_give_the_same_batches_and_resume_exactly(
     def epoch_batches(epoch: int, seed: int = 5, start: int = 0) -> list:
         # a fresh dataset and loader each time: what a resumed process builds
         loader = BatchLoader(
-            open_split(folders["stream"], Task.LM, "train", "tokens"), 3, seed=seed
+            open_split(folders["stream"], Task.LM, "train", feed(folders["stream"])), 3, seed=seed
         )
         data = ShardBatches(loader)
         data.set_epoch(epoch)
@@ -161,10 +168,10 @@ def test_same_seed_and_epoch_give_the_same_batches_and_resume_exactly(
 
 def test_off_the_splits_are_the_stored_documents(folders: dict[str, Path]) -> None:
     for name, split in (("documents", "train"), ("documents", "valid"), ("stream", "test")):
-        dataset = open_split(folders[name], Task.LM, split, "tokens")
+        dataset = open_split(folders[name], Task.LM, split, feed(folders[name]))
         assert dataset.stream is None and len(dataset) == len(dataset.table)
         assert dataset[0].context is None
-    # without a stream unit (every reader but a language model's training) nothing changes
+    # without a feed (every reader but a language model's training) nothing changes
     assert open_split(folders["stream"], Task.LM, "train").stream is None
 
 
@@ -176,9 +183,7 @@ def test_streamed_validation_is_the_evaluate_stage_s_protocol_on_the_valid_split
     config = registry.make_config("gpt", open_split(root, Task.LM, "train").manifest.data_sizes(),
                                   d_model=16, n_heads=2, n_layers=1, d_ff=32)  # fmt: skip
     model = registry.build_from_config("gpt", config).eval()
-    data = ShardData(
-        str(root), Task.LM, batch_size=4, eval_batch_size=5, seed=0, stream_unit="tokens"
-    )
+    data = ShardData(str(root), Task.LM, batch_size=4, eval_batch_size=5, seed=0, feed=feed(root))
     valid = data(0, 1)[1]
     valid.set_epoch(0)
     nll = n = 0.0
@@ -200,22 +205,55 @@ def test_stream_examples_validate_their_unit() -> None:
         StreamExamples(TextStream.of_documents([]), "words")  # type: ignore[arg-type]
 
 
-def test_another_feeding_is_another_run(folders: dict[str, Path], tmp_path: Path) -> None:
+def gpt_plan(root: Path, **lm: object) -> RunPlan:
+    """The plan of run ``gpt-chitchat`` on the shards under ``root``, its params'
+    ``tokenize.corpora.chitchat.lm`` set to ``lm``."""
+    settings = {**LM, "lm": {"sentences_per_document": 3, **lm}}
+    params = checked(
+        {"corpora": ["chitchat"], "tokenize": {"corpora": {"chitchat": settings}},
+         "train": {"runs": {"gpt-chitchat": {"model": "gpt", "corpus": "chitchat"}}},
+         "evaluate": {"corpora": {"chitchat": {"lm": settings["lm"].get("validation", {})}}}}
+    )  # fmt: skip
+    return plan_training(RunRequest.of(params, "gpt-chitchat"), root)
+
+
+@pytest.fixture
+def documents_project(folders: dict[str, Path], tmp_path: Path) -> Path:
+    """A project whose chitchat shards were tokenized with the documents settings."""
+    (tmp_path / "data" / "shards").mkdir(parents=True)
+    (tmp_path / "data" / "shards" / "chitchat").symlink_to(folders["documents"].resolve())
+    return tmp_path
+
+
+def test_another_feeding_is_another_run(documents_project: Path) -> None:
     """The shards are the same documents either way: the run's data identity says how
     they are read, so a stream run never resumes a documents run's checkpoint."""
-    assert stream_key(read_manifest(folders["documents"])) == ""
-    data = {}
-    for name, folder in folders.items():
-        root = tmp_path / name
-        (root / "data" / "shards").mkdir(parents=True)
-        (root / "data" / "shards" / "chitchat").symlink_to(folder.resolve())
-        params = checked(
-            {"corpora": ["chitchat"], "tokenize": {"corpora": {"chitchat": LM}},
-             "train": {"runs": {"gpt-chitchat": {"model": "gpt", "corpus": "chitchat"}}}}
-        )  # fmt: skip
-        data[name] = plan_training(RunRequest.of(params, "gpt-chitchat"), root).data
-    assert data["stream"] == data["documents"] + stream_key(read_manifest(folders["stream"]))
-    assert "+stream:" in data["stream"] and "+valid:" in data["stream"]
+    documents = gpt_plan(documents_project).data
+    stream = {"layout": "stream", "validation": STREAM_VALIDATION}
+    streamed = gpt_plan(documents_project, **stream)
+    assert stream_key(streamed.corpus_params.lm) != "" == stream_key(LMParams())
+    assert streamed.data == documents + stream_key(streamed.corpus_params.lm)
+    assert "+stream:" in streamed.data and "+valid:" in streamed.data
+
+
+def test_a_stage_reads_its_splits_as_its_params_say_not_as_the_shards_were_built(
+    documents_project: Path,
+) -> None:
+    """A stage called with ``--params FILE`` feeds its model as that file says, as ``dvc
+    repro`` with it would (there the tokenize stage reruns and its manifest agrees): the
+    shards were built with the documents settings, the params ask for stream training and
+    streamed validation, and that is what the run trains on, selects on and is named by."""
+    assert read_manifest(documents_project / "data/shards/chitchat").params.corpus.lm == LMParams(
+        sentences_per_document=3
+    )  # type: ignore[union-attr]
+    plan = gpt_plan(documents_project, layout="stream", validation=STREAM_VALIDATION)
+    train, valid = shard_data(plan)(0, 1)
+    assert train.loader.dataset.stream is not None and train.loader.dataset.stream.by_epoch
+    windows = valid.loader.dataset.stream
+    assert windows is not None and not windows.by_epoch  # the evaluate protocol's windows
+    assert "+valid:" in plan.data
+    plain_train, plain_valid = shard_data(gpt_plan(documents_project))(0, 1)
+    assert plain_train.loader.dataset.stream is None is plain_valid.loader.dataset.stream
 
 
 class _KillAt:
@@ -245,9 +283,7 @@ def test_a_run_killed_mid_epoch_resumes_to_the_uninterrupted_weights(
     sizes = read_manifest(root).data_sizes()
     tiny = {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "dropout": 0.3}
     model = ConfiguredModel(sizes)("gpt", knobs.model_copy(update={"model": tiny}))
-    data = ShardData(
-        str(root), Task.LM, batch_size=3, eval_batch_size=4, seed=1, stream_unit="tokens"
-    )
+    data = ShardData(str(root), Task.LM, batch_size=3, eval_batch_size=4, seed=1, feed=feed(root))
 
     def job(folder: str, at: int | None = None) -> TrainJob:
         return TrainJob(

@@ -401,8 +401,8 @@ def test_evaluation_runs_at_the_precision_the_run_trained_at(tokenized, tmp_path
     seen: list[torch.dtype | None] = []
     load = stage.load_model
 
-    def spied(path, device):
-        model = load(path, device)
+    def spied(path):
+        model = load(path)
         for module in model.modules():  # evaluators call its methods, not forward
             module.register_forward_pre_hook(lambda *_: seen.append(_autocast_dtype()))
         return model

@@ -121,9 +121,18 @@ class Command:
     def wait(self, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
         while (status := self.poll()) is None:
-            assert time.monotonic() < deadline, f"{self.name} ran past {timeout_s} s"
+            assert time.monotonic() < deadline, self._stuck(timeout_s)
             time.sleep(POLL_S)
         return status
+
+    def _stuck(self, timeout_s: float) -> str:
+        """What a command that ran past its time was doing: its output's end and what runs
+        in the cluster (a hang names the process it waits in)."""
+        running = sorted(cmdline(pid)[:300] for pid in self.cluster.processes())
+        return (
+            f"{self.name} ran past {timeout_s} s; its output ends:\n{self.output[-6000:]}\n"
+            "the cluster's processes:\n" + "\n".join(filter(None, running))
+        )
 
     @property
     def output(self) -> str:

@@ -15,9 +15,16 @@ from pipeline.plan.code import stage_code
 
 REPO = Path(__file__).resolve().parents[2]
 # Imported by the stages but computing nothing a run keeps: the --help text, the check
-# that the stage runs in the project's interpreter, and which GPU of the machine a run
-# takes (placement, like train.placement, is not part of a run's identity).
-NOT_TRAINING = {"pipeline/helpformat.py", "pipeline/gpu_share.py", "stages/__init__.py"}
+# that the stage runs in the project's interpreter, which GPU of the machine a run takes
+# (placement, like train.placement, is not part of a run's identity) and when a process
+# stops on a signal (a stopped run resumes to the weights it would have had:
+# tests/train/test_loop.py).
+NOT_TRAINING = {
+    "pipeline/helpformat.py",
+    "pipeline/gpu_share.py",
+    "pipeline/signals.py",
+    "stages/__init__.py",
+}
 # dvc.yaml's stages that train, and the stage script each runs.
 TRAINING_STAGES = {"tune": "tune", "train": "train", "train_tuned": "train"}
 

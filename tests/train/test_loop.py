@@ -328,26 +328,32 @@ _KILLED_RUN = textwrap.dedent(
     import os, signal, sys
     from pathlib import Path
     from tests.train.test_loop import ListSink, make_job
+    from pipeline.signals import signal_number
     from pipeline.train.loop import train_local
 
     class Killer(ListSink):
         def log_metrics(self, metrics, step):
             if step == int(sys.argv[2]) and "train_loss" in metrics:
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), int(sys.argv[3]))
 
     sink = Killer([]) if sys.argv[2] != "0" else None
     params = {"dropout": 0.3, "checkpoint_every": 5, "epochs": 2}
-    print(train_local(make_job(sys.argv[1], sink=sink, **params)))
+    try:
+        print(train_local(make_job(sys.argv[1], sink=sink, **params)))
+    except KeyboardInterrupt as stop:  # as the train stage ends on a stop signal
+        sys.exit(128 + signal_number(stop))
     """
 )
 
 
-def run_killable(folder: Path | str, kill_at: int) -> subprocess.CompletedProcess:
+def run_killable(
+    folder: Path | str, kill_at: int, sig: signal.Signals = signal.SIGKILL
+) -> subprocess.CompletedProcess:
     """``_KILLED_RUN`` in a subprocess: the toy run under ``folder`` (a path or a storage
-    URI), SIGKILLed at step ``kill_at`` (0: trained to the end, its metrics printed)."""
+    URI), sent ``sig`` at step ``kill_at`` (0: trained to the end, its metrics printed)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-c", _KILLED_RUN, str(folder), str(kill_at)],
+        [sys.executable, "-c", _KILLED_RUN, str(folder), str(kill_at), str(int(sig))],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -357,19 +363,25 @@ def run_killable(folder: Path | str, kill_at: int) -> subprocess.CompletedProces
 
 
 @pytest.mark.slow
-def test_sigkilled_subprocess_resumes_to_the_same_result(tmp_path):
-    full = run_killable(tmp_path / "a", 0)
+def test_a_killed_or_stopped_subprocess_resumes_to_the_same_result(tmp_path):
+    """At step 12 (mid-epoch 2 of 8 batches, two steps past the periodic checkpoint of step
+    10), SIGKILL ends the run at once: it resumes from step 10. SIGTERM (a ``kill``, a Slurm
+    cancel; Ctrl-C and SIGHUP alike) lets the step finish and checkpoints it, and the process
+    ends 128 + 15: it resumes from step 12. Both end with the weights and metrics of the run
+    never stopped."""
+    full = run_killable(tmp_path / "full", 0)
     assert full.returncode == 0, full.stderr
-    # mid-epoch 2 (8 batches/epoch), after step 10's checkpoint
-    killed = run_killable(tmp_path / "b", 12)
-    assert killed.returncode == -signal.SIGKILL
-    assert TrainingState.read(tmp_path / "b" / "run" / CHECKPOINT_FILE).position.step == 10
-    assert TrainingState.read(tmp_path / "b" / "run" / PREVIOUS_FILE).position.step == 8  # epoch 1
-    resumed = run_killable(tmp_path / "b", 0)
-    assert resumed.returncode == 0, resumed.stderr
-    assert resumed.stdout.splitlines()[-1] == full.stdout.splitlines()[-1]
-    for k, v in _final_weights(tmp_path / "a" / "run").items():
-        assert torch.equal(v, _final_weights(tmp_path / "b" / "run")[k]), k
+    for sig, code, newest in ((signal.SIGKILL, -signal.SIGKILL, 10), (signal.SIGTERM, 143, 12)):
+        run = tmp_path / sig.name / "run"
+        stopped = run_killable(run.parent, 12, sig)
+        assert stopped.returncode == code, stopped.stderr
+        assert TrainingState.read(run / CHECKPOINT_FILE).position.step == newest
+        assert TrainingState.read(run / PREVIOUS_FILE).position.step == (8 if newest == 10 else 10)
+        resumed = run_killable(run.parent, 0)
+        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.stdout.splitlines()[-1] == full.stdout.splitlines()[-1]
+        for k, v in _final_weights(tmp_path / "full" / "run").items():
+            assert torch.equal(v, _final_weights(run)[k]), (sig.name, k)
 
 
 def test_max_steps_and_max_batches_per_epoch(tmp_path):
@@ -611,3 +623,30 @@ def test_progress_reads_the_device_only_when_it_logs(tmp_path, monkeypatch, caps
     assert sorted(reads) == list(range(1, 9))
     assert [s for s, n in reads.items() if n] == [4, 8]  # the log_every flushes only
     assert len([line for line in capsys.readouterr().err.splitlines() if "ETA" in line]) == 7
+
+
+@pytest.mark.parametrize("select_by", ["valid_loss", "mrr"])
+def test_the_selector_keeps_an_evaluation_better_by_more_than_min_delta(select_by: str) -> None:
+    """Loss: lower by more than ``min_delta`` improves; a score: higher by more. The kept
+    evaluation's loss is recorded either way, its score only where the run selects on one."""
+    from pipeline.train.checkpoint import Progress
+
+    params = RunParams.model_validate({"select_by": select_by, "min_delta": 0.5})
+    selector = loop.Selector.of(params)
+    progress = Progress(step=7)
+    first = selector.best(progress)
+    assert first == (-math.inf if selector.reads_score else math.inf)
+    assert selector.improves(3.0, first)
+    selector.keep(progress, loss=2.0, value=3.0)
+    assert (progress.best_step, progress.best_loss, progress.bad_evals) == (7, 2.0, 0)
+    best = selector.best(progress)
+    assert best == 3.0 if selector.reads_score else best == 2.0
+    better, equal = (best + 0.6, best + 0.5) if selector.reads_score else (best - 0.6, best - 0.5)
+    assert selector.improves(better, best) and not selector.improves(equal, best)
+    expected = {"best_valid_loss": 2.0}
+    if selector.reads_score:
+        expected["best_valid_score"] = 3.0
+    assert selector.best_metrics(progress) == expected
+    assert selector.shown(2.0, 3.0) == (
+        "valid loss 2, valid_score 3" if selector.reads_score else "valid loss 2"
+    )
