@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -126,11 +127,14 @@ print("RELEASED_FIRST " + json.dumps(first))
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_gpus_per_worker_packs_n_trainings_onto_one_gpu(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # fmt: skip
     env.pop("RAY_ADDRESS", None)  # a private cluster, whatever runs elsewhere
+    # its own Ray temp dir (short: Ray's socket paths), not the machine's /tmp/ray, where a
+    # killed cluster's address file would make ray.init wait for a dead GCS
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="hx", dir="/tmp")
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(N), str(WAIT_S), str(tmp_path)],
         capture_output=True, text=True, timeout=900, cwd=REPO, env=env,

@@ -102,7 +102,7 @@ def toy_project(root: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_jobs_4_on_8_gpus_gives_every_training_its_own_gpu_share(tmp_path: Path) -> None:
     project = toy_project(tmp_path / "p")
     (tmp_path / "barrier").mkdir()

@@ -98,7 +98,7 @@ def on_a_head(
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 @needs_unshare
 def test_a_stage_does_not_join_a_ray_head_it_was_not_given(on_a_head: tuple[Path, str]) -> None:
     """Fails on the code that joined "the Ray instance running on this machine"."""
@@ -111,7 +111,7 @@ def test_a_stage_does_not_join_a_ray_head_it_was_not_given(on_a_head: tuple[Path
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 @needs_unshare
 def test_ray_address_auto_runs_a_train_stage_on_the_ray_start_head(
     on_a_head: tuple[Path, str],
@@ -139,7 +139,7 @@ def test_ray_address_auto_without_a_ray_instance_here_says_what_to_do(
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 def test_a_stage_joins_a_head_bound_to_loopback_by_its_address(
     on_ray_head: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

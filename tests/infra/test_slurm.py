@@ -155,7 +155,7 @@ def test_the_script_is_valid_bash_and_requeues() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("cluster")
+@pytest.mark.xdist_group("ray")
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
 def test_sbatch_starts_a_head_and_a_worker_and_runs_the_command_on_them(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
