@@ -70,7 +70,7 @@ from bench.device import on_cuda, place, synchronize
 from bench.steps import StepSettings, loop_step
 from pipeline.config import CompileMode, Precision, RunParams
 from pipeline.data.batch import GenerateBatch, History
-from pipeline.execution import CompileSettings, ExecutionPolicy
+from pipeline.execution import CompileSettings, ExecutionOverrides, ExecutionPolicy
 from pipeline.models import masks
 from pipeline.models.hier import AttentionLayout, EncoderAttention, HierTransformer
 from pipeline.models.utterances import context_groups, utterance_groups
@@ -183,7 +183,8 @@ class _Candidate:
 def _compile_settings(device: torch.device, backend: str) -> CompileSettings:
     """How the training loop's policy compiles a step with ``backend`` on ``device``."""
     params = RunParams(compile=CompileMode.ON)
-    settings = ExecutionPolicy.for_training(params, device, backend=backend).compile
+    overrides = ExecutionOverrides(compile_backend=backend)
+    settings = ExecutionPolicy.for_training(params, device, overrides=overrides).compile
     assert settings is not None  # compile: on always compiles
     return settings
 

@@ -40,7 +40,7 @@ from pipeline.config import (
     ScheduleParams,
 )
 from pipeline.data.batch import Batch
-from pipeline.execution import ExecutionPolicy
+from pipeline.execution import ExecutionOverrides, ExecutionPolicy
 from pipeline.train.loop import TrainJob
 from pipeline.train.loop import loop_step as the_loops_step
 from pipeline.train.optim import make_optimizer
@@ -61,6 +61,11 @@ class StepSettings:
     @property
     def compiled(self) -> bool:
         return self.compile_backend is not None
+
+    @property
+    def execution(self) -> ExecutionOverrides:
+        """The loop's overrides of these settings: the compile backend (when compiled)."""
+        return ExecutionOverrides(self.compile_backend or "inductor")
 
     def run_params(self) -> RunParams:
         """The loop's params of these settings: a constant learning rate, no logging."""
@@ -129,7 +134,7 @@ def loop_step(
         params=settings.run_params(),
         run_dir=tempfile.mkdtemp(prefix="hiertx-bench-step-"),  # nothing is written there
         show_progress=False,
-        compile_backend=settings.compile_backend or "inductor",
+        execution=settings.execution,
     )
     step = the_loops_step(job, torch.device(device))
     prepared = step.prepare(batch)
@@ -161,9 +166,7 @@ def peer_step(
     the compile and the step's shape settings."""
     device = torch.device(device)
     params = settings.run_params()
-    policy = ExecutionPolicy.for_training(
-        params, device, backend=settings.compile_backend or "inductor"
-    )
+    policy = ExecutionPolicy.for_training(params, device, overrides=settings.execution)
     place(model, device)
     (batch,) = policy.training_batches([batch])
     optimizer = make_optimizer(model, params.optimizer, policy.fused_optimizer)

@@ -29,6 +29,7 @@ from bench.gpu_check.ptb import RUNS, knobs_line, parameters, steps_per_epoch
 from bench.gpu_check.report import Check, Headline, LoopRate, Part, Setup
 from pipeline.config import AveragingKind, CompileMode, RunParams
 from pipeline.eval.perplexity import perplexity_of
+from pipeline.execution import ExecutionOverrides
 from pipeline.plan import RunPlan
 from pipeline.train.loop import TrainJob
 
@@ -54,7 +55,7 @@ TOY_LOOP = LoopSizes(steps=6, log_every=1, warmup_windows=1, max_batches_per_epo
 def _job(plan: RunPlan, setup: Setup, name: str) -> TrainJob:
     """The plan's job in ``<scratch>/<name>``, compiling (where the plan compiles) with the
     check's backend."""
-    return loop_job(plan, setup.scratch / name, compile_backend=setup.loop_backend)
+    return loop_job(plan, setup.scratch / name, execution=ExecutionOverrides(setup.loop_backend))
 
 
 def _limit(check: Check, part: Part) -> float:

@@ -2,8 +2,8 @@
 to a later one (``Check``), its result (``Part``), optional packages, and the summary
 written into the GPU section of a results file.
 
-The issues' targets and the numbers they measured (one H200, main at ab321a2) are here,
-once: the summary prints them beside each measured number.
+The issues' targets and the numbers they measured (one H200, at commit ab321a2) are
+here, once: the summary prints them beside each measured number.
 """
 
 from __future__ import annotations

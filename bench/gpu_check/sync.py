@@ -1,8 +1,8 @@
 """Sync checks: the loop's steps with ``torch.cuda.set_sync_debug_mode("error")``.
 
-``TrainJob.sync_debug`` (the loop's hook) sets the mode around the part of every step
-that must not wait for the device (forward to the optimizer step), from the second step
-on: any host synchronisation there raises, and the part fails naming where. ``gpt-ptb``
+A job's ``ExecutionOverrides.sync_debug`` (the loop's hook) sets the mode around the part
+of every step that must not wait for the device (forward to the optimizer step), from the
+second step on: any host synchronisation there raises, and the part fails naming where. ``gpt-ptb``
 and ``hgpt-ptb`` (the flat and the hierarchical family) train a few logged windows each,
 one after the other in this process (the earlier parts compiled their steps already),
 with an evaluation at the end. On CPU the mode does not exist: the steps run through the
@@ -15,6 +15,7 @@ import torch
 
 from bench.gpu_check.processes import loop_job
 from bench.gpu_check.report import Check, Headline, Part, where
+from pipeline.execution import ExecutionOverrides
 from pipeline.train.loop import train_local
 
 RUNS = ("gpt-ptb", "hgpt-ptb")
@@ -38,8 +39,7 @@ def sync_checks(check: Check, part: Part) -> None:
         job = loop_job(
             ptb.plan(key, **knobs),
             setup.scratch / f"sync-{key}",
-            sync_debug="error",
-            compile_backend=setup.loop_backend,
+            execution=ExecutionOverrides(setup.loop_backend, sync_debug="error"),
         )
         try:
             train_local(job, torch.device(setup.device))

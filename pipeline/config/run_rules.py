@@ -3,11 +3,12 @@ other levels (``train.defaults`` < ``train.models.<m>`` < a run's overrides, or 
 space), so each rule reads a run's merged knobs, as the run will train.
 
 - :func:`knob_problem`: rules on the knobs alone (averaging against ``epochs``, the
-  schedule's keys against its kind, ``min_lr`` against ``lr``, the cosine's decay against
-  its warm-up), and those of :func:`step_problem` that hold whatever the run's epochs
-  turn out to hold (at least a step each, at most ``max_batches_per_epoch``). The params
-  check (``pipeline.plan.check``) applies them to every run, train and tuned, a tuned
-  run's trials and its search space's extremes included.
+  schedule's keys against its kind, ``min_lr`` against each parameter group's ``lr``, the
+  cosine's decay against its warm-up), and those of :func:`step_problem` that hold
+  whatever the run's epochs turn out to hold (at least a step each, at most
+  ``max_batches_per_epoch``). The params check (``pipeline.plan.check``) applies them to
+  every run, train and tuned, a tuned run's trials and its search space's extremes
+  included.
 - :func:`step_problem`: rules that need the planned steps per epoch (averaging that would
   begin before the warm-up ends or at a learning rate of 0, a cosine decay no longer than
   its warm-up, a warm-up of any schedule that outlasts the run, averaging that
@@ -126,6 +127,15 @@ def knob_problem(knobs: RunParams, name: Name) -> KnobProblem | None:
                 f"{schedule.min_lr:g} is above {name('optimizer.lr')}: the cosine decays from "
                 f"lr down to min_lr; make min_lr at most {lr:g} (about lr / 3 in the "
                 "Transformer-XL recipe), or raise lr",
+            )
+        embedding_lr = lr * knobs.optimizer.embedding_lr_multiplier
+        if schedule.min_lr > embedding_lr:
+            return KnobProblem(
+                "schedule.min_lr",
+                f"{schedule.min_lr:g} is above the token embedding's learning rate "
+                f"{embedding_lr:g} ({name('optimizer.embedding_lr_multiplier')} x lr): the "
+                "cosine takes every weight down to min_lr; make min_lr at most "
+                f"{embedding_lr:g}, or raise the multiplier",
             )
         if schedule.decay_steps is not None and schedule.decay_steps <= schedule.warmup_steps:
             return KnobProblem(

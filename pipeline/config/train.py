@@ -31,6 +31,13 @@ class OptimizerParams(Section):
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = Field(default=1e-9, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
+    embedding_lr_multiplier: float = Field(
+        default=1.0,
+        gt=0,
+        description="the token embedding's learning rate over lr, through warm-up and "
+        "schedule (the Transformer-XL PTB recipe's --emb_mult 2); only for a model with "
+        "one token embedding (TaskModel.token_embedding)",
+    )
 
     @field_validator("betas")
     @classmethod

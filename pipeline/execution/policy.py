@@ -127,6 +127,19 @@ class CompileSettings:
 
 
 @dataclass(frozen=True)
+class ExecutionOverrides:
+    """What a job sets about its execution beyond its params, for checks rather than
+    runs: ``compile_backend``, the ``torch.compile`` backend of a compiled step and of
+    FlexAttention's kernel (tests and CPU smoke checks take ``aot_eager`` or ``eager``);
+    ``sync_debug`` (``"warn"``, ``"error"``; CUDA only), ``torch.cuda.set_sync_debug_mode``
+    around each checked step (``bench.gpu_check``'s sync part). Neither changes what a run
+    computes, so neither is a param."""
+
+    compile_backend: str = "inductor"
+    sync_debug: str | None = None
+
+
+@dataclass(frozen=True)
 class ExecutionPolicy:
     """How one run (or one evaluation) uses its device; built once, by
     :meth:`for_training` or :meth:`for_evaluation`, never changed.
@@ -159,14 +172,12 @@ class ExecutionPolicy:
         device: torch.device,
         world_size: int = 1,
         model: nn.Module | None = None,
-        *,
-        backend: str = "inductor",
-        sync_debug: str | None = None,
+        overrides: ExecutionOverrides = ExecutionOverrides(),
     ) -> ExecutionPolicy:
         """The policy of a training run from its ``precision`` and ``compile`` params,
-        the device, the world size and the model's declared abilities (``compiles``);
-        ``backend`` (tests and CPU smoke checks take ``aot_eager`` or ``eager``) and
-        ``sync_debug`` are the job's."""
+        the device, the world size, the model's declared abilities (``compiles``) and the
+        job's ``overrides``."""
+        backend = overrides.compile_backend
         cuda = device.type == "cuda"
         compiled = None
         padding = Padding()
@@ -182,7 +193,7 @@ class ExecutionPolicy:
             padding=padding,
             fused_optimizer=cuda,
             grow_eval_batches=cuda,
-            sync_debug=sync_debug,
+            sync_debug=overrides.sync_debug,
             flex_backend=flex_backend(params.compile, backend),
         )
 

@@ -286,6 +286,12 @@ class TaskModel(nn.Module):
     supports_compile: ClassVar[bool] = True
     config: ModelConfig
 
+    def token_embedding(self) -> nn.Parameter | None:
+        """The weight of the model's one token embedding (and of the output projection
+        tied to it), which ``optimizer.embedding_lr_multiplier`` trains at a rate of its
+        own; None where the model has no single token embedding."""
+        return None
+
 
 class Seq2SeqModel(TaskModel):
     """An encoder-decoder response generator.

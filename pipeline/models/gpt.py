@@ -59,6 +59,9 @@ class GPT(LanguageModel):
         self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.output.weight = self.embed.weight
 
+    def token_embedding(self) -> nn.Parameter:
+        return self.embed.weight
+
     def forward(self, ids: Tensor) -> Tensor:
         """Next-token logits ``[B, L, V]`` for right-padded ``ids`` ``[B, L]``."""
         return self.output(self.output_dropout(self.stack(self.embed(ids))))

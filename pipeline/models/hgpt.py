@@ -123,6 +123,9 @@ class HierarchicalGPT(LanguageModel):
         self.output.weight = self.embed.weight
         self.set_stage(Stage.JOINT if c.training == "joint" else Stage.SENTENCE)
 
+    def token_embedding(self) -> nn.Parameter:
+        return self.embed.weight
+
     # ------------------------------------------------------------------ training stages
 
     def document_parameters(self) -> list[nn.Parameter]:

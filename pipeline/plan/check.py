@@ -14,7 +14,8 @@ corpora, so it lives above them, and ``pipeline.config`` stays a leaf.
   the model's config class (a ``train.models.<m>`` entry alone only when no run merges
   it); the knobs keep the rules between them (``config.run_rules``: averaging against
   epochs, warm-up and max_steps; the schedule's keys against its kind; ``min_lr`` against
-  ``lr``); ``compile: on`` names a model that can compile;
+  ``lr``); ``compile: on`` names a model that can compile, and
+  ``optimizer.embedding_lr_multiplier`` one with a token embedding;
 - every run's global ``batch_size`` divides by ``train.scale.num_workers``, and its
   ``batch_tokens`` gives each worker at least a token;
 - ``select_by: multiwoz_score`` only for generate models on a task-oriented corpus,
@@ -56,6 +57,7 @@ from pipeline.config.validation import did_you_mean
 from pipeline.data.corpora import CorpusSpec, corpus_spec
 from pipeline.errors import ConfigError
 from pipeline.models import registry
+from pipeline.models.base import TaskModel
 from pipeline.names import Task
 from pipeline.plan.knobs import check_knobs, runs_of
 
@@ -117,6 +119,7 @@ def check_params(params: Params) -> None:
     _check_batches(params)
     check_knobs(params)
     _check_compile(params)
+    _check_embedding_lr(params)
     _check_download_skip(params)
     _check_word_vectors(params)
     _check_lm_validation(params)
@@ -447,6 +450,26 @@ def _check_compile(params: Params) -> None:
             f"{knobs.compile.value}): {why}. Set compile: auto (it trains this model eagerly "
             "and compiles the others on CUDA) or off, for this model under "
             f"train.models.{target.model}.compile",
+        )
+
+
+def _check_embedding_lr(params: Params) -> None:
+    """``optimizer.embedding_lr_multiplier`` other than 1 only for a model with one token
+    embedding (its class's ``token_embedding``: the LMs), which the multiplier's group
+    holds."""
+    for _, key, target in runs_of(params):
+        knobs = params.train.run(target.model, target.corpus, target.variant)
+        multiplier = knobs.optimizer.embedding_lr_multiplier
+        builder = registry.spec(target.model).builder
+        if multiplier == 1.0 or (
+            isinstance(builder, type) and builder.token_embedding is not TaskModel.token_embedding
+        ):
+            continue
+        raise ConfigError(
+            params.train.source(key, target.model, "optimizer.embedding_lr_multiplier"),
+            f"run {key}: {target.model} has no single token embedding to train at "
+            f"{multiplier:g} x lr; set it to 1 (its default) for this model, under "
+            f"train.models.{target.model}.optimizer",
         )
 
 

@@ -13,7 +13,7 @@ static shapes, batches to the device, fused optimizer, evaluation batch sizing, 
 sync-debug mode), built once here; the loop never asks which device it runs on. Nothing in
 a step waits for the device: batches are copied one ahead, the train metrics and the count
 of non-finite losses stay on the device until a logged step reads them, and
-``TrainJob.sync_debug`` makes any host synchronisation inside a step (forward to optimizer
+``TrainJob.execution.sync_debug`` makes any host synchronisation inside a step (forward to optimizer
 step and averaging) warn or raise on CUDA (the GPU check's ``"error"``). A compiled step
 (``RunParams.compile``) compiles the loss module in place before DDP wraps it; validation,
 checkpoints and exports use the plain model, whose weights the compiled step shares.
@@ -57,7 +57,7 @@ from pipeline.config import RunParams
 from pipeline.data.batch import Batch
 from pipeline.errors import TrainingDiverged
 from pipeline.eval.perplexity import perplexity_of
-from pipeline.execution import Evaluation, ExecutionPolicy
+from pipeline.execution import Evaluation, ExecutionOverrides, ExecutionPolicy
 from pipeline.models.base import LossOutput
 from pipeline.names import Task
 from pipeline.progress import Mode, Reporter
@@ -93,10 +93,10 @@ class TrainJob:
     ``show_progress: False`` prints none.
     ``validation_score`` is evaluated with the loss when ``params.select_by`` reads it.
     ``restart`` is the command that starts the run over (said when no checkpoint reads).
-    ``sync_debug`` (``"warn"``, ``"error"``; CUDA only: ``set_sync_debug_mode`` around each
-    step from a process's second on) and ``compile_backend`` (tests and CPU smoke checks
-    take ``aot_eager``) go into the run's ``ExecutionPolicy``. ``knob_sources``: the
-    params key that sets each knob (``RunPlan.sources``), named by the checks.
+    ``execution``: what the job sets about its execution beyond its params (a compile
+    backend, a sync debug mode checked from a process's second step on), which goes into
+    the run's ``ExecutionPolicy``. ``knob_sources``: the params key that sets each knob
+    (``RunPlan.sources``), named by the checks.
     """
 
     name: str
@@ -110,8 +110,7 @@ class TrainJob:
     label: str = ""
     validation_score: ValidationScore | None = None
     restart: str = ""
-    sync_debug: str | None = None
-    compile_backend: str = "inductor"
+    execution: ExecutionOverrides = field(default_factory=ExecutionOverrides)
     knob_sources: dict[str, str] = field(default_factory=dict)  # knob -> its params key
 
 
@@ -169,8 +168,7 @@ class _Run:
             ctx.device,
             ctx.world_size,
             self.raw,
-            backend=job.compile_backend,
-            sync_debug=job.sync_debug,
+            job.execution,
         )
         loss = LossModule(self.raw)
         self.policy.compile_module(loss)

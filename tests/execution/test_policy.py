@@ -20,6 +20,7 @@ from pipeline.execution import (
     LARGE_EVAL_BATCH,
     PAD_MULTIPLE,
     CompileSettings,
+    ExecutionOverrides,
     ExecutionPolicy,
     Padding,
     autocast_dtype,
@@ -29,6 +30,7 @@ from tests.device_guard import scan
 from tests.train.helpers import VOCAB, ToyConfig, ToyFactory, ToyModel
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+CHECKED = ExecutionOverrides(sync_debug="error")  # a checked step
 
 
 class _NoCompile(ToyModel):
@@ -73,8 +75,9 @@ def test_what_compiles_and_how() -> None:
     graphs = _training(CUDA, toy, compile="reduce-overhead")
     assert graphs.compile is not None and graphs.compile.cuda_graphs
     assert graphs.padding == Padding(PAD_MULTIPLE, buckets=True)
+    overrides = ExecutionOverrides(compile_backend="aot_eager", sync_debug="error")
     backend = ExecutionPolicy.for_training(
-        RunParams(compile=CompileMode.ON), CPU, backend="aot_eager", sync_debug="error"
+        RunParams(compile=CompileMode.ON), CPU, overrides=overrides
     )
     assert backend.compile is not None and backend.compile.backend == "aot_eager"
     assert not backend.compile.cuda_graphs and backend.sync_debug == "error"
@@ -150,7 +153,7 @@ def test_a_step_sets_the_shape_settings_and_the_sync_check(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     toy = ToyFactory()()
-    checked = ExecutionPolicy.for_training(RunParams(), CUDA, model=toy, sync_debug="error")
+    checked = ExecutionPolicy.for_training(RunParams(), CUDA, toy, overrides=CHECKED)
     with checked.step():
         assert modes == ["error"] and not fx_config.use_duck_shape
     assert modes == ["error", 0] and fx_config.use_duck_shape and marks == []
@@ -159,7 +162,7 @@ def test_a_step_sets_the_shape_settings_and_the_sync_check(monkeypatch) -> None:
     with pytest.raises(RuntimeError), checked.step():
         raise RuntimeError("a step failed")
     assert modes == ["error", 0, "error", 0]  # restored on the way out
-    cpu = ExecutionPolicy.for_training(RunParams(), CPU, model=toy, sync_debug="error")
+    cpu = ExecutionPolicy.for_training(RunParams(), CPU, toy, overrides=CHECKED)
     with cpu.step(), _training(CUDA, toy).step():
         pass
     assert modes == ["error", 0, "error", 0]  # nothing on CPU, nothing without a mode
@@ -210,7 +213,8 @@ def test_flex_attention_on_eager_cuda_follows_the_runs_compile_and_backend(
     from pipeline.models import flex
 
     params = RunParams.model_validate({"compile": mode})
-    policy = ExecutionPolicy.for_training(params, torch.device("cuda"), backend=backend)
+    overrides = ExecutionOverrides(compile_backend=backend)
+    policy = ExecutionPolicy.for_training(params, torch.device("cuda"), overrides=overrides)
     assert policy.flex_backend == chosen
     seen = []
     with policy.step(checked=False):

@@ -25,7 +25,7 @@ from pipeline.artifacts import DataSizes
 from pipeline.config import CompileMode, RunParams
 from pipeline.data.batch import LMBatch
 from pipeline.data.special import EOS_ID, SPECIAL_TOKENS
-from pipeline.execution import ExecutionPolicy
+from pipeline.execution import ExecutionOverrides, ExecutionPolicy
 from pipeline.models import registry
 from pipeline.plan import RunRequest, load_checked
 from pipeline.train.steps import LossModule
@@ -69,8 +69,9 @@ def compiled_graphs(name: str, backend: str) -> int:
     """Graphs compiled by training ``name`` one step on each batch of :data:`PTB_EPOCH`
     as the loop does (its policy's compile, padding and step settings)."""
     model = ptb_model(name)
+    params, overrides = RunParams(compile=CompileMode.ON), ExecutionOverrides(backend)
     policy = ExecutionPolicy.for_training(
-        RunParams(compile=CompileMode.ON), torch.device("cpu"), model=model, backend=backend
+        params, torch.device("cpu"), model=model, overrides=overrides
     )
     step = LossModule(model)
     assert policy.compile_module(step)

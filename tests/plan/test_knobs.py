@@ -232,6 +232,24 @@ def test_compile_on_for_a_model_that_cannot_compile_names_it_and_why(tiny: dict)
     assert checked(with_value(transformer, "tune.runs", {}))
 
 
+def test_the_embedding_multiplier_is_for_a_model_with_a_token_embedding(tiny: dict) -> None:
+    """``optimizer.embedding_lr_multiplier`` trains a model's one token embedding at its
+    own rate: refused for a model that declares none (``TaskModel.token_embedding``: the
+    language models do), and where its rate would start below the cosine's ``min_lr``."""
+    assert checked(with_value(tiny, f"{GPT}.optimizer.embedding_lr_multiplier", 2))
+    err = _error(with_value(tiny, "train.defaults.optimizer.embedding_lr_multiplier", 2))
+    assert err.key == "train.defaults.optimizer.embedding_lr_multiplier"
+    assert err.reason.startswith(
+        "run transformer-chitchat: transformer has no single token embedding to train at 2 x lr"
+    )
+    cosine = {"kind": "cosine", "warmup_steps": 2, "decay_steps": 4, "min_lr": 2e-3}
+    raw = with_value(tiny, f"{GPT}.schedule", cosine)
+    assert checked(raw)  # min_lr under lr (3e-3)
+    err = _error(with_value(raw, f"{GPT}.optimizer.embedding_lr_multiplier", 0.5))
+    assert err.key == f"{GPT}.schedule.min_lr"
+    assert "0.002 is above the token embedding's learning rate 0.0015" in err.reason
+
+
 def test_every_model_that_cannot_compile_says_why() -> None:
     classes = {registry.spec(name).builder for name in registry.names()}
     eager = [c for c in classes if isinstance(c, type) and c.supports_compile is False]

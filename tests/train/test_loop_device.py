@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from pipeline.data.batch import GenerateBatch
-from pipeline.execution import PAD_MULTIPLE, ExecutionPolicy
+from pipeline.execution import PAD_MULTIPLE, ExecutionOverrides, ExecutionPolicy
 from pipeline.models.base import LossOutput
 from pipeline.train import loop
 from pipeline.train.checkpoint import CHECKPOINT_FILE, TrainingState
@@ -23,6 +23,8 @@ from pipeline.train.context import LocalContext
 from pipeline.train.loop import train_local, train_worker
 from tests.train.helpers import VOCAB, PoolFactory, ToyConfig, ToyFactory, ToyModel
 from tests.train.test_loop import ListSink, _SyncSpy, make_job
+
+EAGER = ExecutionOverrides(compile_backend="eager")  # compiles with no code generated
 
 
 def _losses(sink: ListSink) -> list[float]:
@@ -40,7 +42,7 @@ def test_the_compiled_step_trains_as_eager_and_checkpoints_the_plain_model(
     for mode in ("off", "on"):
         sink = ListSink([])
         job = replace(make_job(tmp_path / mode, sink=sink, epochs=1, compile=mode),
-                      compile_backend=backend)  # fmt: skip
+                      execution=ExecutionOverrides(backend))  # fmt: skip
         train_local(job)
         runs[mode] = (_losses(sink), TrainingState.read(tmp_path / mode / "run" / CHECKPOINT_FILE))
     (eager, plain), (compiled, state) = runs["off"], runs["on"]
@@ -64,7 +66,7 @@ def test_a_compiled_run_pads_its_training_batches_to_a_multiple(
         return original(self, batch)
 
     monkeypatch.setattr(loop._Run, "train_step", spy)
-    train_local(replace(make_job(tmp_path, epochs=1, compile="on"), compile_backend="eager"))
+    train_local(replace(make_job(tmp_path, epochs=1, compile="on"), execution=EAGER))
     compiled, widths[:] = list(widths), []
     train_local(make_job(tmp_path / "eager", epochs=1))
     assert len(compiled) == len(widths) == 8
@@ -96,7 +98,7 @@ def test_the_checked_part_of_every_step_reads_nothing_from_the_device(
     monkeypatch.setattr(ExecutionPolicy, "step", contextlib.contextmanager(counted))
     job = replace(
         make_job(tmp_path, epochs=2, log_every=3, averaging={"kind": "ema", "epochs": 1}),
-        sync_debug="error",
+        execution=ExecutionOverrides(sync_debug="error"),
     )
     train_local(job)
     assert len(inside) == 16 and set(inside) == {0}

@@ -103,3 +103,52 @@ def test_the_cpu_optimizer_step_is_the_for_loop_one_bit_for_bit(kind, weight_dec
     assert all(torch.equal(a, b) for a, b in zip(ours, loop, strict=True))
     group = make_optimizer(nn.Linear(2, 1), params).param_groups[0]
     assert group["foreach"] is True and not group["fused"]  # fused only on CUDA
+
+
+def _tiny_lm(name: str) -> nn.Module:
+    from pipeline.artifacts import DataSizes
+    from pipeline.models import registry
+
+    sizes = {"d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1, "d_sentence": 16,
+             "sentence_heads": 2, "sentence_d_ff": 32, "decoder_layers": 1}  # fmt: skip
+    fields = registry.spec(name).config_cls.model_fields
+    config = {k: v for k, v in sizes.items() if k in fields}
+    return registry.build(name, DataSizes(vocab_size=50), **config)
+
+
+@pytest.mark.parametrize("name", ["gpt", "hgpt"])
+def test_the_embedding_multiplier_trains_the_tied_embedding_at_its_own_rate(name):
+    """``embedding_lr_multiplier: 2`` (the Transformer-XL PTB recipe's ``--emb_mult 2``):
+    the tied embedding, input and output alike, is a second group at 2 x lr, every other
+    weight in the first; the warm-up takes each group from 0 to its own rate and the cosine
+    takes both down to the one ``min_lr``, as the recipe's ``CosineAnnealingLR`` with one
+    ``eta_min`` does (computed here by hand). At 1 (the default) there is one group."""
+    model = _tiny_lm(name)
+    assert model.token_embedding() is model.output.weight  # tied: one tensor
+    assert len(make_optimizer(model, OptimizerParams(lr=0.4)).param_groups) == 1
+    optimizer = make_optimizer(model, OptimizerParams(lr=0.4, embedding_lr_multiplier=2))
+    rest, embedding = optimizer.param_groups
+    assert embedding["params"] == [model.output.weight]
+    assert {id(p) for p in rest["params"]} == {
+        id(p) for p in model.parameters() if p is not model.output.weight
+    }
+    cosine = ScheduleParams(kind=ScheduleKind.COSINE, warmup_steps=2, decay_steps=6, min_lr=0.1)
+    scheduler = make_scheduler(optimizer, cosine)
+    rates = []
+    for _ in range(8):
+        rates.append((rest["lr"], embedding["lr"]))
+        optimizer.step()
+        scheduler.step()
+
+    def expected(lr: float) -> list[float]:  # s = step + 1; warm-up to s = 2, cosine to s = 6
+        cosine_at = [(1 + 0.5**0.5) / 2, 0.5, (1 - 0.5**0.5) / 2, 0.0, 0.0, 0.0]
+        return [lr / 2, lr] + [0.1 + (lr - 0.1) * c for c in cosine_at]
+
+    assert [r for r, _ in rates] == pytest.approx(expected(0.4), abs=1e-15)
+    assert [e for _, e in rates] == pytest.approx(expected(0.8), abs=1e-15)
+    assert rates[-1] == pytest.approx((0.1, 0.1))
+
+
+def test_the_embedding_multiplier_needs_a_model_with_a_token_embedding():
+    with pytest.raises(ValueError, match="no trainable token embedding"):
+        make_optimizer(nn.Linear(2, 1), OptimizerParams(embedding_lr_multiplier=2))
