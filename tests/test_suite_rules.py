@@ -247,3 +247,15 @@ def test_mlflow_settings_are_the_same_before_and_after_a_tracker_starts(
             monkeypatch.delenv(name, raising=False)
         result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *order)
         result.assert_outcomes(passed=2)
+
+
+def test_the_killed_node_test_runs_after_its_modules_other_tests() -> None:
+    """The multi-node module's tests share one cluster, and the killed-node test costs it a
+    node: xdist runs a group's tests in the order ``OVER_A_MINUTE`` sorts them (a test it
+    does not list after those it does), so that test must rank after every other."""
+    path = "tests/infra/test_cluster_repro.py"
+    tests = re.findall(r"^def (test_\w+)\(", (REPO / path).read_text(), re.MULTILINE)
+    listed = [key.partition("::")[2] for key in timing.OVER_A_MINUTE if key.startswith(path)]
+    in_order = [name for name in listed if name in tests]
+    assert sorted(in_order) == sorted(tests)  # every one listed: none sorts after them
+    assert in_order[-1] == "test_a_killed_worker_node_resumes_to_the_serial_weights"

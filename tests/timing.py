@@ -50,6 +50,12 @@ OVER_A_MINUTE: dict[str, str] = {
         "without the venv: every stage, tune included, then a DVC experiment compared with "
         "exp show, metrics/params/plots diff, make compare, and what invalidates what"
     ),
+    "tests/infra/test_cluster_repro.py::test_ddp_places_one_worker_per_node_and_the_probe_sees_what_nodes_share": (  # noqa: E501
+        "a DDP TorchTrainer puts one worker on each worker node of the module's three-node "
+        "local_cluster.sh cluster (gradients all-reduced), and the shared-disk probe; it "
+        "comes before the killed-node test, which costs the cluster a node (a group's "
+        "tests run in this order)"
+    ),
     "tests/infra/test_cluster_repro.py::test_a_killed_worker_node_resumes_to_the_serial_weights": (
         "a worker node's raylet killed mid-training: the run resumes from its checkpoint "
         "on the other node and ends with the serial run's weights"
@@ -85,10 +91,6 @@ OVER_A_MINUTE: dict[str, str] = {
         "Inductor (C++ on CPU, as the loop compiles on a GPU) meets an epoch of PTB's batch "
         "geometry, its short last batch and the next epoch's first in one graph per model: "
         "Inductor's own size specialisations, which dynamo's eager backend does not make"
-    ),
-    "tests/infra/test_cluster_repro.py::test_ddp_places_one_worker_per_node_and_the_probe_sees_what_nodes_share": (  # noqa: E501
-        "the shared three-node local_cluster.sh cluster comes up (its start is this test's "
-        "set-up) and a DDP TorchTrainer puts one worker on each worker node"
     ),
     "tests/infra/test_cluster_repro.py::serial": (
         "the serial reference of the JOBS=2 and killed-node tests: every seed trained "

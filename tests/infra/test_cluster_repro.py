@@ -2,11 +2,8 @@
 trainings and two worker nodes with one CPU each, so two training slots), started once for
 this module as a user starts it, and the commands a user runs on it
 (:class:`tests.infra.local_cluster.LocalCluster` runs them inside the script's network
-namespace), in this order:
+namespace), in the order ``tests/timing.py`` ranks them:
 
-- a DDP job across two nodes (``infra/smoke_ddp.py``: one rank per node, all-reduced
-  gradients agree), and the probe that guards a multi-node run (every node sees a folder of
-  the shared disk, none a folder private to the driver);
 - ``make repro JOBS=2`` as the README tells a user to run it (tokenized already), as on a
   cloud: Ray Train's storage in a bucket of an S3 server (moto) that the nodes reach as a
   cloud's nodes reach S3. The search, the trainings and the evaluations on the cluster;
@@ -21,6 +18,9 @@ namespace), in this order:
   bundle with ``dvc.lock``, the metrics, the report and the MLflow store), the project
   deleted, and in a fresh clone ``make pull-results`` brings back every file byte for
   byte, the models with them, and the MLflow runs, with ``dvc status`` clean;
+- a DDP job across two nodes (``infra/smoke_ddp.py``: one rank per node, all-reduced
+  gradients agree), and the probe that guards a multi-node run (every node sees a folder of
+  the shared disk, none a folder private to the driver);
 - last, as it costs the cluster a node: a worker node killed (its raylet, found under the
   script's own processes) in the middle of a training: the run resumes from its last
   checkpoint on the other node and ends with the serial run's weights.
