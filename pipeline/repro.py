@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.helpformat import HelpFormatter, describe
-from pipeline.signals import Interrupted, signal_number, stop_on_signals
+from pipeline.signals import Interrupted, print_stacks_on_request, signal_number, stop_on_signals
 
 DVC = [sys.executable, "-m", "dvc"]
 TIMES = Path(".dvc/tmp/repro-times.json")
@@ -366,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pipeline.gpu_share import run_instance  # torch and Ray: not for --help
 
+    print_stacks_on_request()  # `kill -USR2 <pid>`: where the driver waits
     if plan is None:  # a plain `dvc repro` in our process group, as if typed
         with run_instance(args.jobs):
             return run_final(1, [])

@@ -8,11 +8,16 @@ caller chooses: an in-process training finishes its step, checkpoints it and the
 so the stage resumes where it stopped instead of at its last periodic checkpoint. A
 process ends with 128 + the signal's number (:func:`signal_number`), as the shell reports
 a process the signal killed.
+
+One signal does not stop: :data:`STACKS_SIGNAL` (``kill -USR2 <pid>``) makes a stage or
+``make repro``'s driver that seems stuck print every thread's Python stack to its stderr
+and go on (:func:`print_stacks_on_request`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -21,6 +26,15 @@ from types import FrameType
 Handler = Callable[[int, FrameType | None], None]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGUSR1 is Ray Tune's stop request (``tune.Tuner.fit`` takes it in the driver)
+STACKS_SIGNAL = signal.SIGUSR2
+
+
+def print_stacks_on_request() -> None:
+    """From now on, :data:`STACKS_SIGNAL` prints every thread's Python stack to stderr
+    (Python's ``faulthandler``, at any point, in a C call too), which DVC and ``make
+    repro`` show; the process goes on."""
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -105,6 +105,9 @@ def ensure_project_interpreter(module: str) -> None:
     is none, or if that one lacks it too."""
     missing = missing_requirements()
     if not missing:
+        from pipeline.signals import print_stacks_on_request  # the project is installed
+
+        print_stacks_on_request()  # `kill -USR2 <pid>`: a stage that seems stuck says where
         return
     tried = [Path(os.environ[REEXEC_ENV])] if os.environ.get(REEXEC_ENV) else []
     if not tried:

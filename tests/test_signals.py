@@ -7,10 +7,20 @@ stays ignored."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from pipeline.signals import STOP_SIGNALS, Interrupted, StopRequest, signal_number, stop_on_signals
+from pipeline.signals import (
+    STACKS_SIGNAL,
+    STOP_SIGNALS,
+    Interrupted,
+    StopRequest,
+    signal_number,
+    stop_on_signals,
+)
 
 
 def test_stop_on_signals_raises_for_the_block_and_restores_the_handlers() -> None:
@@ -56,3 +66,31 @@ def test_a_stop_request_the_caller_never_polled_raises_when_the_block_ends() -> 
 
 def test_a_plain_ctrl_c_is_sigint() -> None:
     assert signal_number(KeyboardInterrupt()) == signal.SIGINT
+
+
+def test_a_stage_prints_its_stacks_on_sigusr2_and_goes_on() -> None:
+    """``kill -USR2 <pid>`` on a stage (what ``ensure_project_interpreter`` sets up in every
+    ``python -m stages.<name>``) prints where each thread is, and the stage goes on."""
+    code = (
+        "import sys, time\n"
+        "from stages import ensure_project_interpreter\n"
+        "ensure_project_interpreter('stages.waiting')\n"
+        "print('ready', flush=True)\n"
+        "def waiting_here():\n"
+        "    time.sleep(60)\n"
+        "waiting_here()\n"
+        "print('went on', flush=True)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
+        time.sleep(0.5)  # into the sleep
+        process.send_signal(STACKS_SIGNAL)
+        time.sleep(1)
+        assert process.poll() is None  # it goes on
+    finally:
+        process.kill()
+        _, stderr = process.communicate(timeout=30)
+    assert "Current thread" in stderr and "line 6 in waiting_here" in stderr, stderr

@@ -16,6 +16,7 @@ ends, to ``<id>.rc``. ``ready`` (written by the server) holds the script's envir
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ SCRIPT = REPO / "infra" / "local_cluster.sh"
 CLUSTER_VARS = ("RAY_", "HIERTX_CLUSTER_")
 POLL_S = 0.1
 STRAGGLERS_S = 20.0  # how long a stopped node's orphaned helpers may take to exit
+STACKS_S = 3.0  # for a stuck command's processes to print their stacks
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -126,11 +128,22 @@ class Command:
         return status
 
     def _stuck(self, timeout_s: float) -> str:
-        """What a command that ran past its time was doing: its output's end and what runs
-        in the cluster (a hang names the process it waits in)."""
-        running = sorted(cmdline(pid)[:300] for pid in self.cluster.processes())
+        """What a command that ran past its time was doing: what runs in the cluster (a
+        hang names the process it waits in) and its output's end, with the Python stacks
+        that its stages and ``make repro``'s driver print on ``STACKS_SIGNAL``."""
+        # imported here, in the tests' process: this file also runs as a script in the
+        # cluster's namespace, outside the project's imports
+        from pipeline.signals import STACKS_SIGNAL
+
+        processes = self.cluster.processes()
+        for pid in processes:
+            if any(f"-m {m}" in cmdline(pid) for m in ("stages.", "pipeline.repro")):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, STACKS_SIGNAL)
+        time.sleep(STACKS_S)
+        running = sorted(cmdline(pid)[:300] for pid in processes)
         return (
-            f"{self.name} ran past {timeout_s} s; its output ends:\n{self.output[-6000:]}\n"
+            f"{self.name} ran past {timeout_s} s; its output ends:\n{self.output[-20000:]}\n"
             "the cluster's processes:\n" + "\n".join(filter(None, running))
         )
 
